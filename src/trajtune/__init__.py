@@ -1,0 +1,3 @@
+"""trajtune: turn open language models into better, safer agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The `trajtune` command line (typer). Commands hold no logic: they parse, validate and call."""

@@ -1,0 +1,5 @@
+"""Environments: the protocol, built-in verifiable worlds and adapters to external ones."""
+
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task, list_envs, make_env, register_env
+
+__all__ = ["Environment", "ResetResult", "StepResult", "Task", "list_envs", "make_env", "register_env"]

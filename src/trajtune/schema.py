@@ -1,0 +1,337 @@
+"""The trajectory IR: the one record every converter produces and every algorithm consumes.
+
+Kept free of tokenizers and torch so that data tooling stays light and importable anywhere.
+The field list follows ``shared/design/FORMATS.md``; ``extra="forbid"`` everywhere except the
+namespaced ``extra`` dicts, so a typo in a field name is an error instead of silently dropped data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+SCHEMA_VERSION = "1.0"
+SUPPORTED_SCHEMA_VERSIONS = ("1.0",)
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+Origin = Literal["user", "environment", "agent", "system"]
+# Why a trajectory ended. Open-ended on purpose ("…" in the spec): adapters may add reasons.
+Termination = str
+KNOWN_TERMINATIONS = ("done", "max_turns", "context_overflow", "length", "env_error", "timeout")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class TextPart(_Strict):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImagePart(_Strict):
+    type: Literal["image"] = "image"
+    url: str | None = None
+    path: str | None = None
+    media_type: str | None = None
+    detail: str | None = None
+
+
+class WebPart(_Strict):
+    type: Literal["web"] = "web"
+    url: str | None = None
+    html: str | None = None
+    axtree: str | None = None
+    viewport_size: list[int] | None = None
+
+
+class JsonPart(_Strict):
+    type: Literal["json"] = "json"
+    data: Any = None
+
+
+class PassthroughPart(_Strict):
+    """A part we do not understand, kept verbatim so export can give it back."""
+
+    type: Literal["passthrough"] = "passthrough"
+    source_type: str | None = None
+    raw: Any = None
+
+
+ContentPart = Annotated[
+    Union[TextPart, ImagePart, WebPart, JsonPart, PassthroughPart], Field(discriminator="type")
+]
+
+
+class CodeAction(_Strict):
+    language: str
+    source: str
+
+
+class ToolCall(_Strict):
+    id: str
+    id_generated: bool = False
+    type: Literal["function", "custom"] = "function"
+    name: str
+    arguments: dict[str, Any] | None = None
+    arguments_raw: str | None = None
+    input: str | None = None
+    code: CodeAction | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolSpec(_Strict):
+    type: str = "function"
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+    raw: dict[str, Any] | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The shape HF chat templates and OpenAI-compatible servers expect."""
+        fn: dict[str, Any] = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        if self.strict is not None:
+            fn["strict"] = self.strict
+        return {"type": "function", "function": fn}
+
+
+class Message(_Strict):
+    role: Role
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    origin: Origin | None = None
+    thought: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    train: bool | None = None
+    reward: float | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    def text(self) -> str:
+        """Content as plain text (text parts joined); non-text parts are skipped."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+class Outcome(_Strict):
+    success: bool | None = None
+    final_answer: str | None = None
+    termination: Termination | None = None
+
+
+class Reference(_Strict):
+    kind: str
+    data: Any = None
+
+
+class Provenance(_Strict):
+    source_format: str | None = None
+    source_version: str | None = None
+    dataset: str | None = None
+    record_id: str | None = None
+    converter: str | None = None
+
+
+class Trajectory(_Strict):
+    schema_version: str = SCHEMA_VERSION
+    id: str
+    messages: list[Message] = Field(default_factory=list)
+    tools: list[ToolSpec] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    reward: float | None = None
+    outcome: Outcome | None = None
+    reference: Reference | None = None
+    provenance: Provenance | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _id_non_empty(cls, v: str) -> str:
+        if not v or not v.strip():
+            raise ValueError("trajectory id must be a non-empty string")
+        return v
+
+    @field_validator("schema_version")
+    @classmethod
+    def _version_supported(cls, v: str) -> str:
+        if v not in SUPPORTED_SCHEMA_VERSIONS:
+            raise ValueError(f"schema_version {v!r} is not supported (supported: {', '.join(SUPPORTED_SCHEMA_VERSIONS)})")
+        return v
+
+
+def generate_call_ids(traj: Trajectory) -> Trajectory:
+    """Fill missing call ids deterministically (``call_{ordinal:06d}``, skipping collisions)."""
+    taken = {c.id for m in traj.messages for c in (m.tool_calls or []) if c.id}
+    ordinal = 0
+    for m in traj.messages:
+        for c in m.tool_calls or []:
+            if c.id:
+                continue
+            while f"call_{ordinal:06d}" in taken:
+                ordinal += 1
+            c.id = f"call_{ordinal:06d}"
+            c.id_generated = True
+            taken.add(c.id)
+            ordinal += 1
+    return traj
+
+
+def new_call_id(ordinal: int, taken: set[str] | None = None) -> str:
+    taken = taken or set()
+    while f"call_{ordinal:06d}" in taken:
+        ordinal += 1
+    return f"call_{ordinal:06d}"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSONL I/O
+
+
+class RecordError(ValueError):
+    """A bad input record, located precisely enough for a user to fix it."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, line: int | None, message: str,
+                 rule: str = "schema", record_id: str | None = None, hint: str | None = None):
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.rule = rule
+        self.record_id = record_id
+        self.hint = hint
+        self.message = message
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        loc = self.path or "<input>"
+        if self.line is not None:
+            loc += f":{self.line}"
+        rid = f" [id={self.record_id}]" if self.record_id else ""
+        hint = f" (hint: {self.hint})" if self.hint else ""
+        return f"{loc}{rid}: {self.rule}: {self.message}{hint}"
+
+
+def _format_validation_error(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{loc}: {err['msg']}")
+    more = f" (+{len(e.errors()) - 5} more)" if len(e.errors()) > 5 else ""
+    return "; ".join(parts) + more
+
+
+def parse_trajectory(obj: Any, path: str | os.PathLike[str] | None = None, line: int | None = None) -> Trajectory:
+    if not isinstance(obj, dict):
+        raise RecordError(path, line, f"expected a JSON object, got {type(obj).__name__}", rule="json_object")
+    try:
+        return Trajectory.model_validate(obj)
+    except ValidationError as e:
+        rid = obj.get("id") if isinstance(obj.get("id"), str) else None
+        raise RecordError(path, line, _format_validation_error(e), rule="schema", record_id=rid,
+                          hint="see FORMATS.md for the IR fields; convert foreign formats with `trajtune data convert`") from None
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
+    """Yield (line_number, parsed JSON) for each non-blank line, streaming.
+
+    Raises RecordError on invalid UTF-8 or JSON, naming the line.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file")
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(p, lineno, f"invalid UTF-8 at byte {e.start}", rule="utf8",
+                                  hint="re-encode the file as UTF-8") from None
+            if not text.strip():
+                continue
+            try:
+                yield lineno, json.loads(text)
+            except json.JSONDecodeError as e:
+                raise RecordError(p, lineno, f"invalid JSON: {e.msg} at column {e.colno}", rule="json",
+                                  hint="each line must be one complete JSON object") from None
+
+
+def read_trajectories(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    for lineno, obj in iter_jsonl(path):
+        yield parse_trajectory(obj, path, lineno)
+
+
+def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
+    return list(read_trajectories(path))
+
+
+def trajectory_to_json(traj: Trajectory) -> str:
+    return json.dumps(traj.model_dump(mode="json", exclude_none=True, exclude_defaults=False), ensure_ascii=False)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+class AtomicJsonlWriter:
+    """Stream records to ``path.tmp`` and rename on success; on error the target is untouched."""
+
+    def __init__(self, path: str | os.PathLike[str], overwrite: bool = False):
+        self.path = Path(path)
+        if self.path.exists() and not overwrite:
+            raise FileExistsError(f"{self.path} exists; pass --overwrite to replace it")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self._f = os.fdopen(fd, "w", encoding="utf-8")
+        self.count = 0
+
+    def write(self, record: Trajectory | dict[str, Any]) -> None:
+        line = trajectory_to_json(record) if isinstance(record, Trajectory) else json.dumps(record, ensure_ascii=False)
+        self._f.write(line + "\n")
+        self.count += 1
+
+    def __enter__(self) -> "AtomicJsonlWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.path)
+        else:
+            os.unlink(self._tmp)
+
+
+def write_trajectories(path: str | os.PathLike[str], trajs: Iterable[Trajectory | dict[str, Any]],
+                       overwrite: bool = False) -> int:
+    with AtomicJsonlWriter(path, overwrite=overwrite) as w:
+        for t in trajs:
+            w.write(t)
+    return w.count
