@@ -15,6 +15,11 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """trajtune: fine-tune open language models into better agents."""
+
+
 @app.command()
 def version() -> None:
     """Print the trajtune version.
