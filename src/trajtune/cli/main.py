@@ -29,6 +29,10 @@ def version() -> None:
     typer.echo(__version__)
 
 
+from trajtune.cli.doctor import doctor_cmd  # noqa: E402
+app.command("doctor")(doctor_cmd)
+
+
 def main() -> None:
     app()
 
