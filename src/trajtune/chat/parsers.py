@@ -459,8 +459,9 @@ def parse_react(text: str) -> ParseResult:
             errors.append(f"{where}: invalid tool name {name!r}")
             continue
         args = _react_args(raw, where, errors)
-        calls.append(ToolCall(id="", name=name, arguments=args, arguments_raw=raw.strip() if args is None
-                              else raw.strip() or None))
+        if args is None:  # reported; a call with unreadable arguments is not executed
+            continue
+        calls.append(ToolCall(id="", name=name, arguments=args, arguments_raw=raw.strip() or None))
     return ParseResult(content=_tidy(content), tool_calls=calls, errors=errors)
 
 
