@@ -271,3 +271,29 @@ def test_tiny_template_trailing_observation_and_train_on_last(home):
     turns = {t for t, s, w in zip(last.turn, last.source, last.weight) if s == SOURCE_POLICY and w > 0}
     n = sum(m.role == "assistant" for m in trajs[0].messages)
     assert turns == {n - 1}
+
+
+@pytest.mark.parametrize("name", STABLE)
+def test_rollout_text_path_equals_static_render(name):
+    """prompt_text + turns + observation_text (how rollouts build sequences) == render() (static data)."""
+    tok = tokenizer_for(name)
+    traj = conversation()
+    r = ChatRenderer(tok)
+    tt = r.render(traj)
+    turns = policy_by_turn(tok, [tt])
+    a_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    text = r.prompt_text(traj.messages[: a_idx[0]], traj.tools)
+    for k, i in enumerate(a_idx):
+        text += turns[k]
+        if k + 1 < len(a_idx):
+            text += r.observation_text(traj.messages[: a_idx[k + 1]], traj.tools, i + 1)
+    assert text == tok.decode(tt.ids, skip_special_tokens=False)
+
+
+def test_tiny_observation_text(home):
+    tok, trajs = home
+    traj = trajs[0]
+    i = next(k for k, m in enumerate(traj.messages) if m.role == "tool")
+    obs = ChatRenderer(tok).observation_text(traj.messages[: i + 1], traj.tools, i)
+    assert obs == "\n<|im_start|>tool\n<tool_response>" + traj.messages[i].text() + \
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
