@@ -164,17 +164,42 @@ def test_mistral_without_id_adaptation_gives_a_clear_error():
         r.render(conversation(two_users=False))
 
 
-def test_template_that_cannot_render_a_partial_conversation_errors_clearly():
+def test_template_that_refuses_a_generation_prompt_after_a_tool_result_is_handled():
+    # Accepts add_generation_prompt only after a user turn; renders finished assistant turns anywhere.
     tpl = ("{% if add_generation_prompt and messages[-1].role != 'user' %}"
            "{{ raise_exception('the last message must be a user turn') }}{% endif %}"
-           "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+           "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+           "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+           "<|im_end|>\n{% endfor %}"
            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    r = ChatRenderer(tokenizer_for("chatml"), chat_template=tpl)
+    tok = tokenizer_for("chatml")
+    r = ChatRenderer(tok, chat_template=tpl)
+    traj = conversation(two_users=False)
+    tt = r.render(traj)
+    assert policy_by_turn(tok, [tt]) == {
+        0: '<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}</tool_call><|im_end|>',
+        1: "It is 21 °C and sunny in Zürich.<|im_end|>"}
+    assert r.prompt_text(traj.messages[:4], traj.tools).endswith("</tool_call><|im_end|>\n<|im_start|>tool\n"
+                                                                 '{"temp": 21, "sky": "sunny"}<|im_end|>\n'
+                                                                 "<|im_start|>assistant\n")
+
+
+def test_template_that_cannot_render_a_conversation_errors_clearly():
+    # Gemma-style strict alternation: two tool results in a row (parallel calls) cannot be rendered.
+    a = ToolCall(id="c1", name="get_weather", arguments={"city": "Oslo"})
+    b = ToolCall(id="c2", name="get_weather", arguments={"city": "Lima"})
+    traj = Trajectory(id="par", tools=TOOLS, messages=[
+        Message(role="user", content="Oslo and Lima?"), Message(role="assistant", tool_calls=[a, b]),
+        Message(role="tool", tool_call_id="c1", content="cold"), Message(role="tool", tool_call_id="c2", content="warm"),
+        Message(role="assistant", content="Cold and warm.")])
+    r = ChatRenderer(tokenizer_for("gemma"))
     with pytest.raises(RenderError) as e:
-        r.render(conversation(two_users=False))
+        r.render(traj)
     msg = str(e.value)
-    assert "last message must be a user turn" in msg and "system → user → assistant → tool" in msg
-    assert "message(s)" in msg and "with generation prompt" in msg
+    assert "roles must alternate" in msg and "user → assistant → tool → tool" in msg
+    assert "4 message(s)" in msg and "with generation prompt" in msg
+    # the same template renders the sequential version of that conversation
+    assert r.render(conversation(two_users=False)).n_policy() > 0
 
 
 def test_arguments_are_passed_as_dicts_and_raw_arguments_are_not_double_encoded():

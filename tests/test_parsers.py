@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from chat_fixtures import FAMILIES, conversation, tokenizer_for
 
@@ -66,7 +64,8 @@ def test_plain_text_is_content_without_errors(name):
 ])
 def test_unterminated(name, text, needle):
     r = parse_tool_calls(text, name)
-    assert r.tool_calls == [] or name == "deepseek"
+    # DeepSeek's call body is complete here (only the block's closing tags are missing): it is kept.
+    assert [c.name for c in r.tool_calls] == (["f"] if name == "deepseek" else [])
     assert any(needle in e for e in r.errors), r.errors
 
 
@@ -132,7 +131,6 @@ def test_pythonic_never_evaluates(tmp_path):
     assert r.tool_calls == [] and r.errors
     r = parse_tool_calls("[f(**kw)]", "pythonic")
     assert r.tool_calls == [] and any("**" in e for e in r.errors)
-    assert os.getcwd()  # nothing above changed process state
 
 
 def test_pythonic_values_and_multiple_calls():

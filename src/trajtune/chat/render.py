@@ -151,6 +151,9 @@ def tools_to_template(tools: list[ToolSpec]) -> list[dict[str, Any]] | None:
     return [t.to_openai() for t in tools] or None
 
 
+_PLACEHOLDER = "\u2063trajtune-placeholder\u2063"
+
+
 def _describe(msgs: list[dict[str, Any]]) -> str:
     roles = [m["role"] for m in msgs]
     return " → ".join(roles) if len(roles) <= 12 else " → ".join(roles[:5] + ["…"] + roles[-6:])
@@ -200,6 +203,39 @@ class ChatRenderer:
             raise RenderError(f"apply_chat_template returned {type(out).__name__}, expected text")
         return out
 
+    def generation_prompt_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        """``messages`` rendered with the generation prompt, also for templates that refuse that.
+
+        Some templates only accept a generation prompt after a user turn (not after a tool
+        result) but do render a finished assistant turn there. Then the prompt is recovered by
+        rendering a placeholder assistant turn and cutting at the placeholder, and accepted only
+        if it ends with the template's own generation prompt (measured after a lone user turn).
+        """
+        try:
+            return self.render_text(messages, tools, add_generation_prompt=True)
+        except RenderError as first:
+            try:
+                text = self.render_text(messages + [{"role": "assistant", "content": _PLACEHOLDER}], tools, False)
+                header = self._generation_header()
+            except RenderError:
+                raise first from None
+            cut = text.find(_PLACEHOLDER)
+            if cut < 0 or header is None or not text[:cut].endswith(header):
+                raise first from None
+            return text[:cut]
+
+    def _generation_header(self) -> str | None:
+        """What ``add_generation_prompt`` appends after a user turn (None if not measurable)."""
+        if not hasattr(self, "_gen_header"):
+            probe = [{"role": "user", "content": "Hi"}]
+            try:
+                a = self.render_text(probe, None, add_generation_prompt=False)
+                b = self.render_text(probe, None, add_generation_prompt=True)
+                self._gen_header = b[len(a):] if b.startswith(a) else None
+            except RenderError:
+                self._gen_header = None
+        return self._gen_header
+
     def template_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
         """IR messages as template dicts, with this template's id and reasoning adaptations."""
         id_map = adapt_call_ids(messages, self.id_style)
@@ -232,7 +268,7 @@ class ChatRenderer:
 
     def _turn(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, i: int) -> tuple[str, str, str]:
         """(generation prompt before message i, policy text of message i through eot, full render)."""
-        prompt = self.render_text(msgs[:i], tools, add_generation_prompt=True)
+        prompt = self.generation_prompt_text(msgs[:i], tools)
         full = self.render_text(msgs[: i + 1], tools, add_generation_prompt=False)
         if not full.startswith(prompt):
             # Not fixable by splitting: the turn itself does not extend its own generation prompt
@@ -286,7 +322,7 @@ class ChatRenderer:
         msgs = self.template_messages(history)
         t = tools_to_template(tools)
         before = self.render_text(msgs[:n_prev], t, add_generation_prompt=False)
-        after = self.render_text(msgs, t, add_generation_prompt=True)
+        after = self.generation_prompt_text(msgs, t)
         idx = before.rfind(self.eot)
         if idx < 0:
             raise RenderError(f"end-of-turn {self.eot!r} not found after assistant message {n_prev - 1}")
@@ -305,8 +341,7 @@ class ChatRenderer:
         return after[cut:]
 
     def prompt_text(self, messages: list[Message], tools: list[ToolSpec]) -> str:
-        return self.render_text(self.template_messages(messages), tools_to_template(tools),
-                                add_generation_prompt=True)
+        return self.generation_prompt_text(self.template_messages(messages), tools_to_template(tools))
 
     # -- tokens ---------------------------------------------------------------------------------
     def _turn_weight(self, traj: Trajectory, mi: int, last_assistant: int) -> float:
