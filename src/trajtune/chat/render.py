@@ -172,6 +172,8 @@ class ChatRenderer:
                 "or use a model whose tokenizer_config.json defines `chat_template`"
             )
         self.template = template_source(tokenizer, chat_template)
+        self._gen_header: str | None = None
+        self._gen_header_known = False
         ids = self.config.call_ids
         self.id_style = ("mistral" if needs_mistral_ids(self.template) else "keep") if ids == "auto" else ids
         r = self.config.reasoning
@@ -195,9 +197,9 @@ class ChatRenderer:
             raise RenderError(
                 f"chat template failed to render {len(messages)} message(s) ({_describe(messages) or 'none'}"
                 f"{', with generation prompt' if add_generation_prompt else ''}): {e}. Delta rendering needs "
-                "the template to render every conversation prefix that ends before an assistant turn; "
-                "templates that demand strict user/assistant alternation or a final user turn cannot "
-                "train on tool conversations — fix the template or pass --template FILE"
+                "the template to render every conversation prefix that ends before an assistant turn (and "
+                "the turn itself); this template refuses that conversation (strict role alternation? one "
+                "call per turn?) — adapt the data, fix the template, or pass --template FILE"
             ) from e
         if not isinstance(out, str):
             raise RenderError(f"apply_chat_template returned {type(out).__name__}, expected text")
@@ -214,19 +216,25 @@ class ChatRenderer:
         try:
             return self.render_text(messages, tools, add_generation_prompt=True)
         except RenderError as first:
-            try:
-                text = self.render_text(messages + [{"role": "assistant", "content": _PLACEHOLDER}], tools, False)
-                header = self._generation_header()
-            except RenderError:
-                raise first from None
-            cut = text.find(_PLACEHOLDER)
-            if cut < 0 or header is None or not text[:cut].endswith(header):
-                raise first from None
-            return text[:cut]
+            recovered = self._prompt_by_placeholder(messages, tools)
+            if recovered is None:
+                raise first
+            return recovered
+
+    def _prompt_by_placeholder(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str | None:
+        try:
+            text = self.render_text(messages + [{"role": "assistant", "content": _PLACEHOLDER}], tools, False)
+        except RenderError:
+            return None
+        header = self._generation_header()
+        cut = text.find(_PLACEHOLDER)
+        if cut < 0 or header is None or not text[:cut].endswith(header):
+            return None
+        return text[:cut]
 
     def _generation_header(self) -> str | None:
         """What ``add_generation_prompt`` appends after a user turn (None if not measurable)."""
-        if not hasattr(self, "_gen_header"):
+        if not self._gen_header_known:
             probe = [{"role": "user", "content": "Hi"}]
             try:
                 a = self.render_text(probe, None, add_generation_prompt=False)
@@ -234,6 +242,7 @@ class ChatRenderer:
                 self._gen_header = b[len(a):] if b.startswith(a) else None
             except RenderError:
                 self._gen_header = None
+            self._gen_header_known = True
         return self._gen_header
 
     def template_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
