@@ -322,3 +322,13 @@ def test_tiny_observation_text(home):
     obs = ChatRenderer(tok).observation_text(traj.messages[: i + 1], traj.tools, i)
     assert obs == "\n<|im_start|>tool\n<tool_response>" + traj.messages[i].text() + \
         "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_visible_thought_is_trained_unless_dropped():
+    tok = tokenizer_for("chatml")
+    traj = Trajectory(id="t", messages=[Message(role="user", content="hi"),
+                                        Message(role="assistant", thought="Greet back.", content="Hello!")])
+    assert tok.decode(ChatRenderer(tok).render(traj).policy_ids(), skip_special_tokens=False) == \
+        "Greet back.\n\nHello!<|im_end|>"
+    assert tok.decode(ChatRenderer(tok, RenderConfig(thought="drop")).render(traj).policy_ids(),
+                      skip_special_tokens=False) == "Hello!<|im_end|>"

@@ -87,7 +87,9 @@ class RenderConfig:
     requires it (Mistral: 9 alphanumeric characters), ``keep`` passes them unchanged, ``mistral``
     forces the adaptation. ``reasoning``: how ``reasoning_content`` reaches the template — ``auto``
     (``field`` if the template reads ``reasoning_content``, ``inline`` as a ``<think>`` block if it
-    mentions ``<think>``, else ``drop``). ``template_kwargs``: extra variables for the template
+    mentions ``<think>``, else ``drop``). ``thought`` (a visible rationale kept apart in the IR, e.g.
+    ADP's ``description``): ``content`` puts it before the content, separated by a blank line, so it
+    is trained; ``drop`` leaves it out. ``template_kwargs``: extra variables for the template
     (e.g. ``{"enable_thinking": False}``).
     """
 
@@ -96,6 +98,7 @@ class RenderConfig:
     non_prefix: Literal["error", "split"] = "error"
     call_ids: Literal["auto", "keep", "mistral"] = "auto"
     reasoning: Literal["auto", "field", "inline", "drop"] = "auto"
+    thought: Literal["content", "drop"] = "content"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,16 +111,19 @@ class NonPrefixError(RenderError):
 
 
 def message_to_template_dict(m: Message, id_map: dict[str, str] | None = None,
-                             reasoning: str = "field") -> dict[str, Any]:
+                             reasoning: str = "field", thought: str = "content") -> dict[str, Any]:
     """The dict HF chat templates expect. Arguments go in as dicts (a string would be double-encoded).
 
     A call whose arguments could not be decoded (``arguments`` None, ``arguments_raw`` set) is
     passed as the raw string: that is the text the model wrote, and templates such as Qwen's print
     a string as-is. ``id_map`` renames call ids (see ``templates.adapt_call_ids``); ``reasoning``
-    says where ``reasoning_content`` goes (``field``, ``inline`` into the content, or ``drop``).
+    says where ``reasoning_content`` goes (``field``, ``inline`` into the content, or ``drop``);
+    ``thought`` whether a visible thought is prepended to the content.
     """
     ids = id_map or {}
     content = m.text() if m.content is not None else ""
+    if m.thought and thought == "content" and m.role == "assistant":
+        content = f"{m.thought}\n\n{content}" if content else m.thought
     d: dict[str, Any] = {"role": m.role, "content": content}
     if m.name is not None:
         d["name"] = m.name
@@ -248,7 +254,7 @@ class ChatRenderer:
     def template_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
         """IR messages as template dicts, with this template's id and reasoning adaptations."""
         id_map = adapt_call_ids(messages, self.id_style)
-        return [message_to_template_dict(m, id_map, self.reasoning) for m in messages]
+        return [message_to_template_dict(m, id_map, self.reasoning, self.config.thought) for m in messages]
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
