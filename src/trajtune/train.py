@@ -110,7 +110,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     with bar("render", len(trajs), enabled=not quiet) as adv:
         for t in trajs:
             try:
-                tts.append(renderer.render(t))  # per record, so an error names its trajectory
+                tts.append(renderer.render(t))
             except RenderError as e:
                 raise RenderError(f"{cfg.data.path}: trajectory {t.id!r}: {e}") from None
             adv()

@@ -32,6 +32,8 @@ def version() -> None:
 from trajtune.cli import run as _run  # noqa: E402
 
 _run.register(app)
+from trajtune.cli.doctor import doctor_cmd  # noqa: E402
+app.command("doctor")(doctor_cmd)
 
 
 def main() -> None:

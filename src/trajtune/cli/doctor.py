@@ -1,0 +1,59 @@
+"""`trajtune doctor`: check a model's chat template before training on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from trajtune.chat.parsers import available_parsers
+
+
+def doctor_cmd(
+    model: str = typer.Option(..., "--model", help="Hugging Face model id or local directory with a tokenizer."),
+    template: Optional[Path] = typer.Option(None, "--template", help="Jinja chat template file to use instead of "
+                                            "the tokenizer's own."),
+    parser: Optional[str] = typer.Option(None, "--parser", help="Tool-call parser (default: detected from the "
+                                         "template): " + ", ".join(available_parsers())),
+    non_prefix: str = typer.Option("error", "--non-prefix", help="How training will treat templates that rewrite "
+                                   "earlier turns: 'error' (fail) or 'split' (warn; one sample per turn)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check that a chat template renders agent conversations in a trainable way.
+
+    Renders a multi-turn tool conversation and reports prefix stability, generation-marker
+    coverage, assistant mask vs provenance, tool-call round trip, end-of-turn token, system
+    prompt and tools, thinking handling. Exits 1 if a check fails, 2 on bad input.
+
+    Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --json
+    """
+    from trajtune.chat.doctor import check_template, report_json
+    from trajtune.chat.render import RenderConfig
+
+    if non_prefix not in ("error", "split"):
+        typer.echo(f"error: --non-prefix must be 'error' or 'split', got {non_prefix!r}", err=True)
+        raise typer.Exit(2)
+    if parser is not None and parser not in available_parsers():
+        typer.echo(f"error: unknown parser {parser!r}; available: {', '.join(available_parsers())}", err=True)
+        raise typer.Exit(2)
+    chat_template = None
+    if template is not None:
+        try:
+            chat_template = template.read_text(encoding="utf-8")
+        except OSError as e:
+            typer.echo(f"error: cannot read --template {template}: {e.strerror or e}", err=True)
+            raise typer.Exit(2)
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+    except Exception as e:  # missing path, no network, not a tokenizer: a user error, not a traceback
+        typer.echo(f"error: cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e}\n"
+                   "hint: pass a local directory containing tokenizer.json / tokenizer_config.json, "
+                   "or a Hugging Face id (needs network access or a cached copy)", err=True)
+        raise typer.Exit(2)
+    report = check_template(tok, chat_template=chat_template, parser=parser,
+                            config=RenderConfig(non_prefix=non_prefix))  # type: ignore[arg-type]
+    typer.echo(report_json(report) if as_json else report.format_text())
+    raise typer.Exit(0 if report.ok else 1)
