@@ -175,14 +175,6 @@ def step_batch(envs: Sequence[Environment], actions: Sequence[Message], *, timeo
 # The message-level agent loop
 
 
-def _json_safe(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
-
-
 def normalize_action(msg: Any, taken_ids: set[str]) -> Message:
     """Check a policy's output is an assistant message and give every tool call a unique id."""
     if isinstance(msg, dict):
@@ -250,8 +242,7 @@ class Episode:
                 success, self.error = None, self.error or f"success() raised {_describe(e)}"
         final = next((m.text() for m in reversed(self.messages) if m.role == "assistant" and not m.tool_calls), None)
         meta: dict[str, Any] = {"env": self.env.name, "task_id": self.task.id, "seed": self.task.seed,
-                                "split": self.task.split, "turns": self.turns,
-                                "task": {k: _json_safe(v) for k, v in self.task.data.items()}}
+                                "split": self.task.split, "turns": self.turns}
         if self.error:
             meta["error"] = self.error
         if policy_name:

@@ -12,7 +12,8 @@ default); subclasses may add shaped per-turn rewards by overriding ``turn_reward
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Generator
 from typing import Any
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
@@ -20,10 +21,10 @@ from trajtune.envs.tools import ToolDispatcher, ToolError
 from trajtune.schema import Message, ToolCall, ToolSpec
 
 
-def assistant_call(name: str, **arguments: Any) -> Message:
+def assistant_call(tool: str, /, **arguments: Any) -> Message:
     """An assistant message with one tool call (ids are filled in by the runner)."""
     return Message(role="assistant", content=None,
-                   tool_calls=[ToolCall(id="", name=name, arguments=arguments)])
+                   tool_calls=[ToolCall(id="", name=tool, arguments=arguments)])
 
 
 def assistant_text(text: str) -> Message:
@@ -137,3 +138,51 @@ class ToolEnv(Environment):
             lines.append(view)
         lines.extend(f"  {t}" for t in self.transcript[-10:])
         return "\n".join(lines)
+
+
+def latest_observation(messages: list[Message]) -> str:
+    """Everything the environment said since the last assistant message, joined."""
+    out: list[str] = []
+    for m in reversed(messages):
+        if m.role == "assistant":
+            break
+        out.append(m.text())
+    return "\n".join(reversed(out))
+
+
+def scripted_policy(script: Generator[Message, str, None]) -> Callable[[list[Message], list[ToolSpec]], Message]:
+    """Turn a generator into a policy: it yields actions and is sent each new observation text.
+
+    Scripted experts read the same observations an agent sees, so their trajectories are
+    learnable (no hidden information leaks into the actions).
+    """
+    started = [False]
+
+    def policy(messages: list[Message], tools: list[ToolSpec]) -> Message:
+        if not started[0]:
+            started[0] = True
+            return next(script)
+        try:
+            return script.send(latest_observation(messages))
+        except StopIteration:
+            raise RuntimeError("the scripted expert ran out of actions before the episode ended") from None
+
+    return policy
+
+
+def split_task_seed(split: str, index: int, seed: int) -> int:
+    """Task seeds for a split: train seeds are even, test seeds odd, so the splits never share one."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if index < 0 or seed < 0:
+        raise ValueError("index and seed must be non-negative")
+    return 2 * (seed * 1_000_003 + index) + (0 if split == "train" else 1)
+
+
+def make_tasks(prefix: str, split: str, n: int, seed: int, build: Callable[[random.Random], dict[str, Any]]) -> list[Task]:
+    """``n`` tasks whose data ``build`` draws from a RNG seeded by the task seed (deterministic)."""
+    tasks = []
+    for i in range(n):
+        s = split_task_seed(split, i, seed)
+        tasks.append(Task(id=f"{prefix}-{split}-{s}", seed=s, split=split, data=build(random.Random(s))))
+    return tasks
