@@ -1,5 +1,6 @@
 """Environments: the protocol, built-in verifiable worlds and adapters to external ones."""
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task, list_envs, make_env, register_env
+from trajtune.envs import builtin as _builtin  # noqa: E402,F401  (registers the built-in environments)
 
 __all__ = ["Environment", "ResetResult", "StepResult", "Task", "list_envs", "make_env", "register_env"]
