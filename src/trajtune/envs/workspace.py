@@ -119,7 +119,7 @@ class WorkspaceEnv(ToolEnv):
         return self.accounts[account_id]
 
     def find_account(self, name: str) -> list[dict[str, Any]]:
-        """Find accounts whose holder's name contains ``name`` (case-insensitive).
+        """Find accounts whose holder's name contains the given name (case-insensitive).
 
         Args:
             name: full or partial name of the account holder
