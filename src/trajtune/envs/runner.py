@@ -248,7 +248,7 @@ class Episode:
         if policy_name:
             meta["policy"] = policy_name
         return Trajectory(
-            id=f"{self.env.name}-{self.task.id}",
+            id=self.task.id if self.task.id.startswith(f"{self.env.name}-") else f"{self.env.name}-{self.task.id}",
             messages=self.messages, tools=self.tools, metadata=meta,
             reward=float(sum(self.rewards)),
             outcome=Outcome(success=success, final_answer=final or None, termination=self.termination),
