@@ -321,3 +321,17 @@ def test_openai_message_conversion_by_hand():
     assert m.content == "ab" and m.reasoning_content == "think" and m.tool_calls is None
     with pytest.raises(PolicyError):
         from_openai_message(None)
+
+
+def test_openai_policy_parses_hermes_text_tool_calls_when_asked():
+    text = 'Let me deposit.\n<tool_call>\n{"name": "deposit", "arguments": {"amount": 7}}\n</tool_call>'
+    stub = Stub([completion(content=text), completion(content="Done.")])
+    try:
+        policy = OpenAIChatPolicy(stub.url, "m", text_tool_parser="hermes")
+        [t] = run_episodes(bank_env, bank_env().tasks("train", 1), policy, max_turns=4)
+    finally:
+        stub.close()
+    first = t.messages[2]
+    assert first.tool_calls[0].name == "deposit" and first.tool_calls[0].arguments == {"amount": 7}
+    assert "<tool_call>" not in (first.text() or "")
+    assert t.outcome.success

@@ -9,7 +9,8 @@ as JSON *strings*; they are parsed with ``json.loads`` (never evaluated) into
 ``ToolCall.arguments``, and an unparsable string is kept verbatim in ``arguments_raw`` so the
 environment can answer with an error observation. Transient failures (connection errors, 429,
 5xx) are retried with exponential backoff; other HTTP errors raise ``PolicyError``, which the
-agent loop records as ``termination="policy_error"``.
+agent loop records as ``termination="policy_error"``. For servers that return tool calls as
+text (e.g. Hermes ``<tool_call>`` blocks), pass ``text_tool_parser="hermes"``.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ class OpenAIChatPolicy:
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  temperature: float = 0.0, max_tokens: int | None = None, timeout_s: float = 60.0,
                  max_retries: int = 2, backoff_s: float = 0.5, extra_body: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, text_tool_parser: str | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.name = f"openai:{model}"
@@ -97,6 +98,7 @@ class OpenAIChatPolicy:
         self.extra_body = dict(extra_body or {})
         self.headers = dict(headers or {})
         self.calls = 0
+        self.text_tool_parser = text_tool_parser
 
     def request_body(self, messages: list[Message], tools: list[ToolSpec]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": to_openai_messages(messages),
@@ -142,6 +144,15 @@ class OpenAIChatPolicy:
         except (KeyError, IndexError, TypeError):
             raise PolicyError(f"response has no choices: {json.dumps(resp)[:200]}") from None
         msg = from_openai_message(choice.get("message"))
+        if self.text_tool_parser and not msg.tool_calls and msg.content:
+            # servers without tool-call parsing return e.g. Hermes <tool_call> blocks as text
+            from trajtune.chat.parsers import parse_tool_calls
+
+            parsed = parse_tool_calls(msg.text(), self.text_tool_parser)
+            msg.content = parsed.content or None
+            msg.tool_calls = parsed.tool_calls or None
+            if parsed.errors:
+                msg.extra["format_errors"] = parsed.errors
         if choice.get("finish_reason"):
             msg.extra["finish_reason"] = choice["finish_reason"]
         return msg
