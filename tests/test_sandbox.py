@@ -142,3 +142,18 @@ def test_no_temp_dirs_are_left_behind():
     run("open('x', 'w').write('1')")
     after = {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("trajtune-sandbox-")}
     assert after <= before
+
+
+def test_limits_are_in_force_inside_the_child():
+    r = run("import resource, os\nprint(resource.getrlimit(resource.RLIMIT_AS)[0] // 2**20, "
+            "resource.getrlimit(resource.RLIMIT_CPU), resource.getrlimit(resource.RLIMIT_NPROC)[0], os.getcwd() != '/')")
+    assert r.status == "ok", r.stderr
+    assert r.stdout.split()[0] == "256" and "(1, 2)" in r.stdout and " 8 " in r.stdout and r.stdout.strip().endswith("True")
+
+
+def test_sandbox_is_safe_to_call_from_threads():
+    # environments call the sandbox from step_batch's worker threads
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda i: run(f"print({i} * {i})").stdout.strip(), range(6)))
+    assert outs == [str(i * i) for i in range(6)]

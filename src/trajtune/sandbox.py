@@ -49,7 +49,9 @@ NOBODY = 65534
 # The child prelude: reads the user code from stdin, installs the policy hook, runs the code.
 # It is a constant string run with ``python -I -c``; the user code is compiled *inside* the child.
 _PRELUDE = r'''
-import os, sys, json, traceback, signal
+import os, sys, json, traceback, signal, resource
+for _name, _pair in json.loads(sys.argv[4]).items():
+    resource.setrlimit(getattr(resource, _name), tuple(_pair))
 _vfd = int(sys.argv[1]); _work = os.path.realpath(sys.argv[2])
 _roots = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
 _code = sys.stdin.read(); sys.stdin.close()
@@ -110,7 +112,7 @@ def _hook(event, args):
         p = _path(args[0]) if args and args[0] is not None else _rp(".")
         if p is not None and not _inside(p, [_work] + _roots):
             _deny("filesystem_read", event, p)
-del signal
+del signal, resource
 if sys.argv[3] == "1":
     sys.addaudithook(_hook)
 try:
@@ -206,20 +208,24 @@ def _interpreter_and_uid() -> tuple[str, int | None]:
     return sys.executable, None  # no interpreter nobody can run: stay root (NPROC not enforced)
 
 
-def _preexec(limits: SandboxLimits, uid: int | None) -> Any:
-    def apply() -> None:
-        mb = 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_size_mb * mb, limits.file_size_mb * mb))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.nproc, limits.nproc))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-    return apply
+def _rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
+    """The rlimits the prelude applies to itself before compiling the user code.
+
+    Applied inside the child (not with ``preexec_fn``) because ``preexec_fn`` is unsafe when the
+    parent has threads, and the environments call the sandbox from ``step_batch``'s threads.
+    """
+    mb = 1024 * 1024
+    return {"RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
+            "RLIMIT_AS": (limits.memory_mb * mb, limits.memory_mb * mb),
+            "RLIMIT_FSIZE": (limits.file_size_mb * mb, limits.file_size_mb * mb),
+            "RLIMIT_NPROC": (limits.nproc, limits.nproc),
+            "RLIMIT_NOFILE": (limits.nofile, limits.nofile),
+            "RLIMIT_CORE": (0, 0)}
+
+
+def _identity(uid: int | None) -> dict[str, Any]:
+    """Popen arguments that switch to ``uid`` in the child (done in C, thread-safe)."""
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
 @functools.lru_cache(maxsize=1)
@@ -230,8 +236,8 @@ def _netns_available() -> bool:
         return False
     _, uid = _interpreter_and_uid()
     try:
-        r = subprocess.run([exe, "-rn", "true"], preexec_fn=_preexec(SandboxLimits(), uid), env={"PATH": "/usr/bin:/bin"},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5, cwd="/")
+        r = subprocess.run([exe, "-rn", "true"], env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=5, cwd="/", **_identity(uid))
         return r.returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
@@ -293,14 +299,14 @@ def run_python(code: str, limits: SandboxLimits | None = None, *, files: dict[st
                     os.chown(os.path.join(dirpath, fn), uid, uid)
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": work, "TMPDIR": work,
                "PYTHONIOENCODING": "utf-8"}
-        cmd = [python, "-I", "-c", _PRELUDE, str(vw), work, "1" if _policy_hook else "0"]
+        cmd = [python, "-I", "-c", _PRELUDE, str(vw), work, "1" if _policy_hook else "0", json.dumps(_rlimits(limits))]
         if use_netns:
             cmd = [shutil.which("unshare") or "unshare", "-rn", *cmd]
         start = time.monotonic()
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=work, env=env, start_new_session=True, pass_fds=(vw,),
-                                    preexec_fn=_preexec(limits, uid), close_fds=True)
+                                    cwd=work, env=env, start_new_session=True, pass_fds=(vw,), close_fds=True,
+                                    **_identity(uid))
         except OSError as e:
             return SandboxResult("failed_to_start", "", str(e), None, 0.0, [], containment)
         os.close(vw)
