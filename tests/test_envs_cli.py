@@ -50,7 +50,7 @@ def test_generate_writes_ir_and_refuses_to_overwrite(tmp_path):
     r = runner.invoke(gen_app, ["--env", "tictactoe", "--n", "4", "-o", str(out), "--split", "test", "--seed", "2"])
     assert r.exit_code == 0, r.output
     trajs = list(read_trajectories(out))
-    assert len(trajs) == 4 and all(t.metadata["split"] == "test" and t.metadata["expert"] for t in trajs)
+    assert len(trajs) == 4 and all(t.metadata["split"] == "test" and t.metadata["policy"] == "expert:tictactoe" for t in trajs)
     assert "4/4 expert successes" in r.output
     before = out.read_text()
     r = runner.invoke(gen_app, ["--env", "tictactoe", "--n", "2", "-o", str(out)])

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import resource
 import shutil
 import signal
 import stat

@@ -34,7 +34,6 @@ Termination reasons: ``done`` (the environment ended the episode), ``max_turns``
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence

@@ -124,6 +124,7 @@ class ToolEnv(Environment):
 
         traj = run_episode(self, task, self.expert_policy(task))
         traj.metadata["expert"] = True
+        traj.metadata["policy"] = f"expert:{self.name}"
         return traj
 
     def state_view(self) -> str:
