@@ -257,3 +257,14 @@ def test_run_episode_in_thread_and_render_default():
     assert t.outcome.success and t.outcome.termination == "done" and t.reward == 1.0
     assert t.outcome.final_answer == "3"
     assert [m.role for m in t.messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+
+
+def test_envs_package_does_not_import_torch():
+    # ARCHITECTURE.md: environments must not import torch (data tooling stays light)
+    import subprocess
+    import sys
+    code = ("import sys, trajtune.envs, trajtune.envs.runner, trajtune.sandbox, trajtune.envs.adapters.gym_text, "
+            "trajtune.envs.adapters.openai_policy, trajtune.envs.adapters.mcp_tools, trajtune.cli.generate\n"
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
