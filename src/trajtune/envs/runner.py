@@ -93,16 +93,6 @@ def _validate_result(result: Any, action: Message) -> StepResult:
                       info=dict(result.info or {}), termination=termination)
 
 
-@dataclass
-class _Job:
-    env: Environment
-    action: Message
-    result: Any = None
-    error: BaseException | None = None
-    started: float = 0.0
-    finished: bool = False
-
-
 def _call_with_timeout(fns: Sequence[Callable[[], Any]], timeout_s: float, max_workers: int
                        ) -> list[tuple[str, Any]]:
     """Run zero-argument callables in daemon threads, at most ``max_workers`` at a time.
