@@ -15,6 +15,11 @@ app = typer.Typer(
 )
 
 
+from trajtune.cli.envs import envs_app  # noqa: E402
+
+app.add_typer(envs_app, name="envs")
+
+
 @app.callback()
 def _root() -> None:
     """trajtune: fine-tune open language models into better agents."""

@@ -5,3 +5,4 @@ from trajtune.envs.base import Environment, ResetResult, StepResult, Task, list_
 __all__ = ["Environment", "ResetResult", "StepResult", "Task", "list_envs", "make_env", "register_env"]
 
 from trajtune.envs import home as _home  # noqa: E402,F401  (registers "home")
+from trajtune.envs import builtin as _builtin  # noqa: E402,F401  (registers the other built-in environments)

@@ -1,0 +1,92 @@
+"""``trajtune envs ...``: describe the registered environments."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+envs_app = typer.Typer(
+    help="List and describe environments.\n\nExample: trajtune envs show workspace",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _first_line(text: str) -> str:
+    return (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+
+
+@envs_app.command("list")
+def list_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON list instead of a table.")] = False,
+) -> None:
+    """List the registered environments with a one-line description.
+
+    Example: trajtune envs list
+    """
+    from trajtune.envs import list_envs
+
+    rows = []
+    for name, factory in list_envs().items():
+        desc = getattr(factory, "description", "") or _first_line(getattr(factory, "__doc__", "") or "")
+        rows.append({"name": name, "description": _first_line(desc), "max_turns": getattr(factory, "max_turns", None)})
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    width = max((len(r["name"]) for r in rows), default=4)
+    for r in rows:
+        typer.echo(f"{r['name']:<{width}}  {r['description']}")
+
+
+@envs_app.command("show")
+def show_command(
+    name: Annotated[str, typer.Argument(help="Environment name (see `trajtune envs list`).")],
+    split: Annotated[str, typer.Option(help="Split of the example task: train or test.")] = "train",
+    seed: Annotated[int, typer.Option(help="Seed of the example task.")] = 0,
+) -> None:
+    """Describe one environment: its tools (JSON Schema), an example task and the expert's solution.
+
+    Example: trajtune envs show sokoban --seed 3
+    """
+    from trajtune.envs import list_envs, make_env
+
+    if name not in list_envs():
+        typer.echo(f"error: unknown environment {name!r}; known: {', '.join(list_envs())}", err=True)
+        raise typer.Exit(2)
+    if split not in ("train", "test"):
+        typer.echo(f"error: --split must be train or test, got {split!r}", err=True)
+        raise typer.Exit(2)
+    env = make_env(name)
+    typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
+    typer.echo(f"max_turns: {env.max_turns}")
+    task = env.tasks(split, 1, seed)[0]
+    reset = env.reset(task)
+    typer.echo("tools:")
+    for t in reset.tools:
+        props = t.parameters.get("properties", {})
+        req = set(t.parameters.get("required", []))
+        args = ", ".join(f"{k}{'' if k in req else '?'}: {v.get('type', 'any')}" for k, v in props.items())
+        typer.echo(f"  {t.name}({args}) - {t.description}")
+    typer.echo(f"example task {task.id}:")
+    for m in reset.messages:
+        if m.role != "system":
+            typer.echo(f"  [{m.role}] {m.text()}")
+    try:
+        traj = env.expert(task)
+    except NotImplementedError:
+        typer.echo("expert: none")
+        return
+    typer.echo(f"expert ({len([m for m in traj.messages if m.role == 'assistant'])} turns, "
+               f"success={traj.outcome.success if traj.outcome else None}, reward={traj.reward}):")
+    for m in traj.messages[len(reset.messages):]:
+        if m.tool_calls:
+            for c in m.tool_calls:
+                typer.echo(f"  [call] {c.name}({json.dumps(c.arguments or {}, ensure_ascii=False)})")
+        else:
+            text = m.text().replace("\n", "\n         ")
+            typer.echo(f"  [{m.role}] {text}")
+    typer.echo("final state:")
+    typer.echo("  " + env.render().replace("\n", "\n  "))
