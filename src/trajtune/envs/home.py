@@ -1,0 +1,209 @@
+"""``home``: a small smart-home tool world, the embedded default environment of the demo.
+
+Why this task: it is verifiable on state (the devices' on/off table), it needs multi-turn tool
+use (read a room's state, then act on what was observed), and every argument is drawn from a
+small finite set of single-word entities, so a from-scratch tiny model can learn it on a CPU in
+minutes. Three task kinds of rising difficulty:
+
+- ``set``: "Turn on the lamp in the kitchen." -> set_device, then "Done."
+- ``copy``: "Set the fan in the office to match the fan in the attic." -> get_state(attic),
+  set_device(office, fan, <observed>), "Done."
+- ``toggle``: "Toggle the radio in the garage." -> get_state(garage), set the opposite, "Done."
+
+Success: the target device holds the goal state, no other device changed, and the agent ended
+the episode with a final answer (no tool call).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
+from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
+
+ROOMS = ["kitchen", "bedroom", "office", "garage", "bathroom", "hallway", "attic", "cellar"]
+DEVICES = ["lamp", "fan", "heater", "radio", "blinds"]
+STATES = ["on", "off"]
+KINDS = ["set", "copy", "toggle"]
+
+SYSTEM = "You control a smart home. Use the tools, then reply Done."
+
+TOOLS = [
+    ToolSpec(
+        name="get_state",
+        description="Read the devices of a room.",
+        parameters={"type": "object", "properties": {"room": {"type": "string", "enum": ROOMS}},
+                    "required": ["room"], "additionalProperties": False},
+    ),
+    ToolSpec(
+        name="set_device",
+        description="Switch a device on or off.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "room": {"type": "string", "enum": ROOMS},
+                "device": {"type": "string", "enum": DEVICES},
+                "state": {"type": "string", "enum": STATES},
+            },
+            "required": ["room", "device", "state"],
+            "additionalProperties": False,
+        },
+    ),
+]
+
+
+def _other(state: str) -> str:
+    return "off" if state == "on" else "on"
+
+
+def make_task(seed: int, split: str, kinds: list[str] | None = None) -> Task:
+    rng = random.Random(seed)
+    kind = rng.choice(kinds or KINDS)
+    state = {r: {d: rng.choice(STATES) for d in DEVICES} for r in ROOMS}
+    room = rng.choice(ROOMS)
+    device = rng.choice(DEVICES)
+    data: dict[str, Any] = {"kind": kind, "room": room, "device": device}
+    if kind == "set":
+        goal = rng.choice(STATES)
+        state[room][device] = _other(goal)  # the task always requires a change
+        data["goal"] = goal
+        data["prompt"] = f"Turn {goal} the {device} in the {room}."
+    elif kind == "copy":
+        src = rng.choice([r for r in ROOMS if r != room])
+        state[room][device] = _other(state[src][device])
+        data["source_room"] = src
+        data["goal"] = state[src][device]
+        data["prompt"] = f"Set the {device} in the {room} to match the {device} in the {src}."
+    else:
+        data["goal"] = _other(state[room][device])
+        data["prompt"] = f"Toggle the {device} in the {room}."
+    data["initial"] = state
+    return Task(id=f"home-{split}-{seed}", seed=seed, split=split, data=data)
+
+
+@register_env("home")
+class HomeEnv(Environment):
+    name = "home"
+    description = "Smart-home tool world: read room states and switch devices (set / copy / toggle tasks)."
+    max_turns = 4
+
+    def __init__(self, kinds: list[str] | None = None) -> None:
+        bad = [k for k in (kinds or []) if k not in KINDS]
+        if bad:
+            raise ValueError(f"unknown home task kind(s) {bad}; choose from {KINDS}")
+        self.kinds = list(kinds) if kinds else list(KINDS)
+        self.task: Task | None = None
+        self.state: dict[str, dict[str, str]] = {}
+        self.finished = False
+        self.turns = 0
+
+    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
+        """Train tasks use even seeds and test tasks odd ones, so the splits never share a task."""
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        rng = random.Random(f"{seed}-{split}")
+        offset = 0 if split == "train" else 1
+        seeds: list[int] = []
+        seen: set[int] = set()
+        while len(seeds) < n:
+            s = 2 * rng.randrange(1 << 30) + offset
+            if s not in seen:
+                seen.add(s)
+                seeds.append(s)
+        return [make_task(s, split, self.kinds) for s in seeds]
+
+    def reset(self, task: Task) -> ResetResult:
+        self.task = task
+        self.state = json.loads(json.dumps(task.data["initial"]))
+        self.finished = False
+        self.turns = 0
+        return ResetResult(
+            messages=[Message(role="system", content=SYSTEM), Message(role="user", content=task.data["prompt"])],
+            tools=list(TOOLS),
+        )
+
+    def _call(self, call: ToolCall) -> str:
+        args = call.arguments or {}
+        if call.name == "get_state":
+            room = args.get("room")
+            if set(args) != {"room"} or room not in self.state:
+                return f"error: unknown room {room!r}" if room not in self.state else "error: get_state takes only 'room'"
+            return json.dumps(self.state[room])
+        if call.name == "set_device":
+            room, device, st = args.get("room"), args.get("device"), args.get("state")
+            if set(args) != {"room", "device", "state"}:
+                return "error: set_device takes 'room', 'device' and 'state'"
+            if room not in self.state:
+                return f"error: unknown room {room!r}"
+            if device not in DEVICES:
+                return f"error: unknown device {device!r}"
+            if st not in STATES:
+                return f"error: state must be 'on' or 'off', got {st!r}"
+            self.state[room][device] = st
+            return f"ok: {room} {device} is {st}"
+        return f"error: unknown tool {call.name!r}"
+
+    def step(self, action: Message) -> StepResult:
+        self.turns += 1
+        calls = action.tool_calls or []
+        if not calls:
+            self.finished = True
+            ok = self.success()
+            return StepResult(observations=[], reward=1.0 if ok else 0.0, done=True, info={"success": ok})
+        obs = [Message(role="tool", tool_call_id=c.id, name=c.name, content=self._call(c), origin="environment")
+               for c in calls]
+        return StepResult(observations=obs, reward=0.0, done=False, info={})
+
+    def _goal_met(self) -> bool:
+        assert self.task is not None
+        d = self.task.data
+        initial = d["initial"]
+        for r in ROOMS:
+            for dev in DEVICES:
+                want = d["goal"] if (r, dev) == (d["room"], d["device"]) else initial[r][dev]
+                if self.state[r][dev] != want:
+                    return False
+        return True
+
+    def success(self) -> bool:
+        return self.task is not None and self.finished and self._goal_met()
+
+    def expert(self, task: Task) -> Trajectory:
+        d = task.data
+        reset = self.reset(task)
+        msgs = list(reset.messages)
+        n = 0
+
+        def act(calls: list[ToolCall] | None, content: str | None = None) -> None:
+            m = Message(role="assistant", content=content, tool_calls=calls)
+            msgs.append(m)
+            msgs.extend(self.step(m).observations)
+
+        def call(name: str, **args: str) -> list[ToolCall]:
+            nonlocal n
+            c = ToolCall(id=f"call_{n:06d}", id_generated=True, name=name, arguments=args)
+            n += 1
+            return [c]
+
+        if d["kind"] == "set":
+            act(call("set_device", room=d["room"], device=d["device"], state=d["goal"]))
+        else:
+            look = d["source_room"] if d["kind"] == "copy" else d["room"]
+            act(call("get_state", room=look))
+            seen = json.loads(msgs[-1].text())[d["device"]]
+            act(call("set_device", room=d["room"], device=d["device"],
+                     state=seen if d["kind"] == "copy" else _other(seen)))
+        act(None, "Done.")
+        ok = self.success()
+        return Trajectory(
+            id=task.id, messages=msgs, tools=reset.tools, reward=1.0 if ok else 0.0,
+            outcome=Outcome(success=ok, final_answer="Done.", termination="done"),
+            metadata={"env": self.name, "kind": d["kind"], "seed": task.seed, "split": task.split, "expert": True},
+        )
+
+    def render(self) -> str:
+        rows = [f"{r:9s} " + " ".join(f"{dev}={self.state[r][dev]:3s}" for dev in DEVICES) for r in ROOMS]
+        head = f"task: {self.task.data['prompt']}" if self.task else "task: (none)"
+        return head + "\n" + "\n".join(rows)

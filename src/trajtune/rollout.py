@@ -1,0 +1,264 @@
+"""The agent loop: batched multi-turn generation against environments.
+
+A batch of episodes advances together: each round, every unfinished episode's token sequence is
+left-padded and extended by HF ``generate`` (KV cache) until its end-of-turn token; the sampled
+ids and their log-probabilities are recorded as they were sampled (no re-tokenization), the text
+is parsed into tool calls, the environment answers, and the observation tokens are appended from
+the chat-template delta. The result is the IR trajectory and its TokenTrajectory, built together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trajtune.chat.parsers import parse_tool_calls
+from trajtune.chat.render import (
+    SOURCE_ENV,
+    SOURCE_POLICY,
+    SOURCE_PROMPT,
+    ChatRenderer,
+    RenderError,
+    TokenTrajectory,
+)
+from trajtune.envs.base import Environment, StepResult, Task
+from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 8
+    max_new_tokens: int = 128  # per assistant turn
+    max_length: int = 2048  # whole episode, prompt included
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    parser: str = "hermes"
+    batch_size: int = 32
+    step_timeout_s: float = 30.0
+
+
+@dataclass
+class Episode:
+    trajectory: Trajectory
+    tokens: TokenTrajectory
+    format_errors: int = 0
+    turns: int = 0
+    task: Task | None = None
+
+
+@dataclass
+class _Live:
+    env: Environment
+    task: Task
+    messages: list[Message]
+    tools: list[ToolSpec]
+    ids: list[int] = field(default_factory=list)
+    source: list[int] = field(default_factory=list)
+    turn: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reward: float = 0.0
+    turns: int = 0
+    format_errors: int = 0
+    termination: str | None = None
+    taken_ids: set[str] = field(default_factory=set)
+    error: str | None = None
+
+    def extend(self, ids: list[int], src: int, logprobs: list[float] | None = None) -> None:
+        self.ids += ids
+        self.source += [src] * len(ids)
+        self.turn += [self.turns] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+
+def _round_seed(seed: int, *parts: Any) -> int:
+    h = hashlib.sha256(repr((seed,) + parts).encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+def default_step(envs: Sequence[Environment], actions: Sequence[Message], timeout_s: float) -> list[StepResult]:
+    """Step each environment; tool failures become observations, never crashes."""
+    try:
+        from trajtune.envs.runner import step_batch  # thread pool with per-step timeouts
+    except ImportError:
+        step_batch = None
+    if step_batch is not None:
+        return step_batch(list(envs), list(actions), timeout_s=timeout_s)
+    out = []
+    for env, act in zip(envs, actions):
+        try:
+            out.append(env.step(act))
+        except Exception as e:  # noqa: BLE001 - an environment bug ends that episode only
+            out.append(StepResult(observations=[], reward=0.0, done=True, info={"error": repr(e)},
+                                  termination="env_error"))
+    return out
+
+
+@torch.no_grad()
+def _generate(model: Any, tok: Any, seqs: list[list[int]], max_new: list[int], cfg: RolloutConfig,
+              eot_id: int, seed: int) -> list[tuple[list[int], list[float], bool]]:
+    """Continue each sequence; returns (new ids, their log-probs, ended with end-of-turn) per row."""
+    device = next(model.parameters()).device
+    width = max(len(s) for s in seqs)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eot_id
+    input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        attn[r, width - len(s):] = 1
+    greedy = cfg.temperature <= 0
+    gen_kwargs: dict[str, Any] = dict(
+        max_new_tokens=max(max_new), do_sample=not greedy, eos_token_id=eot_id, pad_token_id=pad,
+        return_dict_in_generate=True, output_logits=True, use_cache=True,
+    )
+    if not greedy:
+        gen_kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p, top_k=0)
+    torch.manual_seed(seed)
+    out = model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device), **gen_kwargs)
+    new = out.sequences[:, width:].cpu()
+    # Raw logits of every generated position; log-probs at the sampling temperature (no top-p), the
+    # same quantity the policy-gradient objective recomputes.
+    logits = torch.stack(out.logits, dim=1).float().cpu()
+    temp = cfg.temperature if not greedy else 1.0
+    logp = torch.log_softmax(logits / temp, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    results = []
+    for r in range(len(seqs)):
+        ids: list[int] = []
+        lps: list[float] = []
+        ended = False
+        for j in range(min(new.shape[1], max_new[r])):
+            t = int(new[r, j])
+            ids.append(t)
+            lps.append(float(logp[r, j]))
+            if t == eot_id:
+                ended = True
+                break
+        results.append((ids, lps, ended))
+    return results
+
+
+def run_rollouts(
+    model: Any,
+    tokenizer: Any,
+    env_factory: Callable[[], Environment],
+    tasks: Sequence[Task],
+    config: RolloutConfig,
+    *,
+    seed: int = 0,
+    renderer: ChatRenderer | None = None,
+    step_fn: Callable[[Sequence[Environment], Sequence[Message], float], list[StepResult]] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[Episode]:
+    """Roll out ``model`` on every task (in batches of ``config.batch_size``)."""
+    renderer = renderer or ChatRenderer(tokenizer)
+    step_fn = step_fn or default_step
+    eot_ids = renderer.encode(renderer.eot)
+    if len(eot_ids) != 1:
+        raise RenderError(f"end-of-turn {renderer.eot!r} must be a single token to stop generation, got {eot_ids}")
+    eot_id = eot_ids[0]
+    was_training = model.training
+    model.eval()
+    episodes: list[Episode] = []
+    try:
+        for b0 in range(0, len(tasks), config.batch_size):
+            batch = list(tasks[b0:b0 + config.batch_size])
+            episodes += _run_batch(model, tokenizer, renderer, env_factory, batch, config, seed, b0, eot_id, step_fn)
+            if progress:
+                progress(len(batch))
+    finally:
+        model.train(was_training)
+    return episodes
+
+
+def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
+               tasks: list[Task], cfg: RolloutConfig, seed: int, batch_index: int, eot_id: int,
+               step_fn: Callable[..., list[StepResult]]) -> list[Episode]:
+    live: list[_Live] = []
+    for task in tasks:
+        env = env_factory()
+        res = env.reset(task)
+        ep = _Live(env=env, task=task, messages=list(res.messages), tools=list(res.tools))
+        ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
+        if len(ep.ids) >= cfg.max_length:
+            ep.termination = "context_overflow"
+        live.append(ep)
+    round_no = 0
+    while True:
+        active = [e for e in live if e.termination is None]
+        if not active:
+            break
+        room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
+        gens = _generate(model, tok, [e.ids for e in active], room, cfg, eot_id,
+                         _round_seed(seed, batch_index, round_no))
+        round_no += 1
+        stepping: list[tuple[_Live, Message]] = []
+        for e, (ids, lps, ended) in zip(active, gens):
+            e.extend(ids, SOURCE_POLICY, lps)
+            text = tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+            parsed = parse_tool_calls(text, cfg.parser, taken_ids=e.taken_ids)
+            e.format_errors += len(parsed.errors)
+            msg = Message(role="assistant", content=parsed.content or None, tool_calls=parsed.tool_calls or None,
+                          origin="agent", extra={"parse_errors": parsed.errors} if parsed.errors else {})
+            e.messages.append(msg)
+            e.turns += 1
+            if not ended:
+                e.termination = "length" if len(e.ids) < cfg.max_length else "context_overflow"
+                continue
+            stepping.append((e, msg))
+        if not stepping:
+            continue
+        results = step_fn([e.env for e, _ in stepping], [m for _, m in stepping], cfg.step_timeout_s)
+        for (e, _), res in zip(stepping, results):
+            e.reward += float(res.reward)
+            if res.observations:
+                e.messages.extend(res.observations)
+            if res.termination:
+                e.termination = res.termination
+                e.error = str(res.info.get("error")) if res.info.get("error") else None
+                continue
+            if res.done:
+                e.termination = "done"
+                continue
+            if e.turns >= cfg.max_turns:
+                e.termination = "max_turns"
+                continue
+            n_prev = len(e.messages) - len(res.observations)
+            try:
+                obs_ids = renderer.encode(renderer.observation_text(e.messages, e.tools, n_prev))
+            except RenderError as err:
+                e.termination, e.error = "env_error", str(err)
+                continue
+            e.extend(obs_ids, SOURCE_ENV)
+            if len(e.ids) >= cfg.max_length:
+                e.termination = "context_overflow"
+    return [_finish(e) for e in live]
+
+
+def _finish(e: _Live) -> Episode:
+    success = bool(e.env.success()) if e.termination == "done" else False
+    final = next((m.text() for m in reversed(e.messages) if m.role == "assistant" and not m.tool_calls), None)
+    traj = Trajectory(
+        id=e.task.id,
+        messages=e.messages,
+        tools=e.tools,
+        reward=e.reward,
+        outcome=Outcome(success=success, final_answer=final, termination=e.termination),
+        metadata={"env": e.env.name, "seed": e.task.seed, "split": e.task.split, "turns": e.turns,
+                  "format_errors": e.format_errors, **({"error": e.error} if e.error else {})},
+    )
+    n = len(e.ids)
+    tt = TokenTrajectory(
+        ids=e.ids, source=e.source, turn=e.turn,
+        weight=[1.0 if s == SOURCE_POLICY else 0.0 for s in e.source],
+        logprobs=e.logprobs, traj_id=e.task.id, reward=e.reward, success=success, termination=e.termination,
+        meta={"format_errors": e.format_errors, "turns": e.turns},
+    )
+    assert len(tt.ids) == n
+    tt.check()
+    if any(math.isnan(x) for x in e.logprobs):
+        raise FloatingPointError("NaN log-probability during rollout")
+    return Episode(trajectory=traj, tokens=tt, format_errors=e.format_errors, turns=e.turns, task=e.task)
