@@ -27,8 +27,25 @@ from trajtune.benchmarks.bfcl.data import (
     load_bfcl,
     resolve_categories,
 )
+from trajtune.benchmarks.bfcl.runner import (
+    BFCLItemResult,
+    bfcl_report,
+    default_parse_fn,
+    run_bfcl,
+    score_single_turn,
+)
+
+
+def __getattr__(name: str):  # the environment imports bfcl_eval's API classes lazily
+    if name == "BFCLMultiTurnEnv":
+        from trajtune.benchmarks.bfcl.multi_turn import BFCLMultiTurnEnv
+
+        return BFCLMultiTurnEnv
+    raise AttributeError(name)
+
 
 __all__ = [
+    "BFCLItemResult", "BFCLMultiTurnEnv", "bfcl_report", "default_parse_fn", "run_bfcl", "score_single_turn",
     "ALL_CATEGORIES", "AST_CATEGORIES", "MULTI_TURN_CATEGORIES", "RELEVANCE_CATEGORIES",
     "SINGLE_TURN_CATEGORIES", "REASONS", "BFCLNotInstalledError", "CheckResult",
     "UnsatisfiableAnswer", "bfcl_available", "check_ast", "check_relevance", "ground_truth_calls",

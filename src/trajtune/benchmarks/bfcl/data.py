@@ -209,3 +209,22 @@ def load_bfcl(category: str, limit: int | None = None) -> list[Trajectory]:
             raise ValueError(f"BFCL {cat}: record {rec['id']!r} has no possible answer; reinstall bfcl-eval: {INSTALL_HINT}")
         out.append(to_ir(rec, ans, category=cat, source_version=version))
     return out
+
+
+def record_ids(category: str, limit: int | None = None) -> list[str]:
+    """Entry ids of one category in file order (cheap: no conversion)."""
+    cat = resolve_categories([category])[0]
+    records, _ = _load_raw_cached(cat)
+    return [r["id"] for r in (records if limit is None else records[:limit])]
+
+
+def load_bfcl_entry(category: str, record_id: str) -> Trajectory:
+    """One entry as a trajectory (what ``load_bfcl`` gives, without converting the others)."""
+    cat = resolve_categories([category])[0]
+    records, answers = _load_raw_cached(cat)
+    rec = next((r for r in records if r["id"] == record_id), None)
+    if rec is None:
+        raise KeyError(f"no BFCL entry {record_id!r} in category {cat}")
+    if cat in MULTI_TURN_CATEGORIES:
+        rec = _populate_multi_turn(rec)
+    return to_ir(rec, answers.get(record_id), category=cat, source_version=bfcl_version())

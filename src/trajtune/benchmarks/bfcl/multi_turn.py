@@ -38,7 +38,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from trajtune.benchmarks.bfcl.data import MULTI_TURN_CATEGORIES, load_bfcl, resolve_categories
+from trajtune.benchmarks.bfcl.data import MULTI_TURN_CATEGORIES, load_bfcl_entry, record_ids, resolve_categories
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
 from trajtune.formats.bfcl import function_to_tool_spec
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
@@ -210,21 +210,30 @@ class BFCLMultiTurnEnv(Environment):
         self.limit = limit
         self.max_steps_per_turn = max_steps_per_turn
         self._given = {t.id: t for t in trajectories} if trajectories is not None else None
-        self._by_id: dict[str, Trajectory] | None = None
+        self._ids: dict[str, str] | None = None  # record id -> category, in file order
+        self._cache: dict[str, Trajectory] = {}
         self.traj: Trajectory | None = None
         self.task: Task | None = None
 
     # -- task list ------------------------------------------------------------------------
 
-    def _all(self) -> dict[str, Trajectory]:
+    def _all(self) -> dict[str, str]:
+        """Entry id -> category (file order); entries are converted only when used."""
         if self._given is not None:
-            return self._given
-        if self._by_id is None:
-            self._by_id = {}
-            for cat in self.categories:
-                for t in load_bfcl(cat, limit=self.limit):
-                    self._by_id[t.id] = t
-        return self._by_id
+            return {i: t.reference.data["category"] for i, t in self._given.items()}
+        if self._ids is None:
+            self._ids = {i: cat for cat in self.categories for i in record_ids(cat, self.limit)}
+        return self._ids
+
+    def _trajectory(self, record_id: str) -> Trajectory | None:
+        if self._given is not None:
+            return self._given.get(record_id)
+        cat = self._all().get(record_id)
+        if cat is None:
+            return None
+        if record_id not in self._cache:
+            self._cache[record_id] = load_bfcl_entry(cat, record_id)
+        return self._cache[record_id]
 
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
         """The first ``n`` entries in file order when ``seed == 0``, else a seeded sample (kept in
@@ -232,28 +241,31 @@ class BFCLMultiTurnEnv(Environment):
         if split != "test":
             raise ValueError("BFCL has only a 'test' split (it is an evaluation benchmark); "
                              "train on other data and evaluate here")
-        items = list(self._all().values())
+        ids = self._all()
+        items = list(ids)
         if n > len(items):
             raise ValueError(f"asked for {n} BFCL multi-turn tasks, only {len(items)} exist in {self.categories}")
         idx = list(range(len(items)))
         chosen = idx[:n] if seed == 0 else sorted(random.Random(seed).sample(idx, n))
-        return [Task(id=items[i].id, seed=i, split="test",
-                     data={"record_id": items[i].id, "category": items[i].reference.data["category"]})
+        return [Task(id=items[i], seed=i, split="test", data={"record_id": items[i], "category": ids[items[i]]})
                 for i in chosen]
 
+    def all_tasks(self) -> list[Task]:
+        """Every entry of the selected categories, in file order."""
+        return self.tasks("test", len(self._all()))
+
     def task_for(self, record_id: str) -> Task:
-        items = list(self._all())
-        if record_id not in self._all():
+        ids = self._all()
+        if record_id not in ids:
             raise KeyError(f"no BFCL multi-turn entry {record_id!r} in {self.categories}")
-        t = self._all()[record_id]
-        return Task(id=record_id, seed=items.index(record_id), split="test",
-                    data={"record_id": record_id, "category": t.reference.data["category"]})
+        return Task(id=record_id, seed=list(ids).index(record_id), split="test",
+                    data={"record_id": record_id, "category": ids[record_id]})
 
     # -- episode ------------------------------------------------------------------------
 
     def reset(self, task: Task) -> ResetResult:
         rid = task.data.get("record_id", task.id)
-        traj = self._all().get(rid)
+        traj = self._trajectory(rid)
         if traj is None:
             raise KeyError(f"no BFCL multi-turn entry {rid!r} in {self.categories}")
         self.task, self.traj = task, traj
