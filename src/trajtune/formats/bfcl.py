@@ -26,7 +26,7 @@ from typing import Any
 from trajtune.schema import Message, Provenance, Reference, ToolSpec, Trajectory
 
 FORMAT_NAME = "bfcl"
-#: What a BFCL -> IR -> BFCL round trip drops for records not produced by ``to_ir``.
+#: What BFCL -> IR -> BFCL loses: nothing (the record is kept verbatim in the reference).
 LOSSES: list[str] = []
 
 # BFCL's Python-side type names -> JSON Schema "type". ``any`` has no JSON Schema type and is
@@ -111,8 +111,9 @@ def to_ir(record: dict[str, Any], answer: dict[str, Any] | None = None, category
     Multi-turn: messages are the first turn; the later turns, initial API state, involved
     classes, held-out functions and the per-turn ground-truth call strings go into
     ``reference.data`` (``kind == "bfcl_multi_turn"``), which is what the BFCL multi-turn
-    environment replays. ``record["function"]`` must already hold the function docs (the loader
-    fills it from the package's ``multi_turn_func_doc`` files, minus held-out functions).
+    environment replays. ``record["function"]`` must already hold the offered function docs and
+    ``record["missed_function_docs"]`` the held-out ones by turn (the loader fills both from the
+    package's ``multi_turn_func_doc`` files, as BFCL does); neither is given back by ``from_ir``.
     """
     rid = record.get("id")
     if not isinstance(rid, str) or not rid:
