@@ -25,6 +25,7 @@ import random
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -82,6 +83,9 @@ class RealTextWorld:
                                              f"Install it with: {INSTALL_HINT}") from None
         self._tw = textworld
         self.version = str(getattr(textworld, "__version__", "unknown"))
+        # jericho warns on every step that it cannot list valid actions for TextWorld's games;
+        # TextWorld computes admissible commands itself, so the warning is only noise.
+        warnings.filterwarnings("ignore", message="Unable to find valid actions in an unsupported game")
 
     def make_game(self, seed: int, nb_rooms: int, nb_objects: int, quest_length: int, path: Path) -> Path:
         from textworld.generator import compile_game, make_game
