@@ -83,9 +83,7 @@ class RealTextWorld:
                                              f"Install it with: {INSTALL_HINT}") from None
         self._tw = textworld
         self.version = str(getattr(textworld, "__version__", "unknown"))
-        # jericho warns on every step that it cannot list valid actions for TextWorld's games;
-        # TextWorld computes admissible commands itself, so the warning is only noise.
-        warnings.filterwarnings("ignore", message="Unable to find valid actions in an unsupported game")
+
 
     def make_game(self, seed: int, nb_rooms: int, nb_objects: int, quest_length: int, path: Path) -> Path:
         from textworld.generator import compile_game, make_game
@@ -104,7 +102,30 @@ class RealTextWorld:
         infos = self._tw.EnvInfos(score=True, max_score=True, won=True, lost=True, objective=True,
                                   description=True, inventory=True, policy_commands=True,
                                   admissible_commands=True)
-        return self._tw.start(str(path), request_infos=infos)
+        return _QuietSession(self._tw.start(str(path), request_infos=infos))
+
+
+class _QuietSession:
+    """jericho warns on every step that it cannot list valid actions for TextWorld's games;
+    TextWorld computes admissible commands itself, so that warning is only noise."""
+
+    _MESSAGE = "Unable to find valid actions in an unsupported game"
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def reset(self) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=self._MESSAGE)
+            return self._inner.reset()
+
+    def step(self, command: str) -> tuple[Any, float, bool]:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=self._MESSAGE)
+            return self._inner.step(command)
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 def _get(state: Any, key: str, default: Any = None) -> Any:
