@@ -217,7 +217,22 @@ class ChatRenderer:
 
     # -- tokens ---------------------------------------------------------------------------------
     def render(self, traj: Trajectory) -> TokenTrajectory:
-        segments = self.segment_texts(traj)
+        return self.render_many([traj])[0]
+
+    def render_many(self, trajs: list[Trajectory]) -> list[TokenTrajectory]:
+        """Render many trajectories, tokenizing all their segments in one batched call (much faster)."""
+        all_segments = [self.segment_texts(t) for t in trajs]
+        flat = [text for segs in all_segments for _, text, _ in segs]
+        encoded = self.tok(flat, add_special_tokens=False)["input_ids"] if flat else []
+        out = []
+        k = 0
+        for traj, segs in zip(trajs, all_segments):
+            out.append(self._assemble(traj, segs, encoded[k:k + len(segs)]))
+            k += len(segs)
+        return out
+
+    def _assemble(self, traj: Trajectory, segments: list[tuple[int, str, int]],
+                  encoded: list[list[int]]) -> TokenTrajectory:
         assistant_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
         last_assistant = assistant_idx[-1] if assistant_idx else -1
         ids: list[int] = []
@@ -225,8 +240,8 @@ class ChatRenderer:
         turn: list[int] = []
         weight: list[float] = []
         n_turns = 0
-        for src, text, mi in segments:
-            tids = self.encode(text)
+        for (src, _text, mi), tids in zip(segments, encoded):
+            tids = list(tids)
             if src == SOURCE_POLICY:
                 m = traj.messages[mi]
                 if self.config.train_on == "last":

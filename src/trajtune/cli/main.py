@@ -29,6 +29,11 @@ def version() -> None:
     typer.echo(__version__)
 
 
+from trajtune.cli import run as _run  # noqa: E402
+
+_run.register(app)
+
+
 def main() -> None:
     app()
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# ChatML with tools, Hermes-style <tool_call> blocks and {% generation %} markers around what the
+# ChatML with tools (one compact signature line per tool, to keep CPU sequences short), Hermes-style <tool_call> blocks and {% generation %} markers around what the
 # assistant produces (its content, its calls and the end-of-turn token).
 CHAT_TEMPLATE = (
     "{%- set ns = namespace(start=0, sys='') -%}"
@@ -25,7 +25,9 @@ CHAT_TEMPLATE = (
     "{%- if tools -%}"
     "{%- if ns.sys -%}{{- '\\n' -}}{%- endif -%}"
     "{{- '# Tools\\n' -}}"
-    "{%- for t in tools -%}{{- (t['function'] if t['function'] is defined else t) | tojson -}}{{- '\\n' -}}{%- endfor -%}"
+    "{%- for t in tools -%}{%- set f = t['function'] if t['function'] is defined else t -%}"
+    "{{- f['name'] + '(' + ((f['parameters'] or {}).get('properties', {}) | list | join(', ')) + '): ' + (f['description'] or '') + '\\n' -}}"
+    "{%- endfor -%}"
     "{{- 'Call a tool with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.' -}}"
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
@@ -71,11 +73,17 @@ PRESETS: dict[str, dict[str, int]] = {
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> Any:
     """Train a byte-level BPE tokenizer (lossless round trip) and wrap it for transformers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Words, digits, runs of punctuation and whitespace are separate pre-tokens, so an entity is
+    # the *same* token in a prompt ("in the cellar"), in JSON arguments ("cellar") and in an
+    # observation: copying it is exact token copying, which tiny models learn fast.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[A-Za-z]+|[0-9]|[^A-Za-z0-9\s]+|\s+"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

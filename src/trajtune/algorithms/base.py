@@ -1,0 +1,27 @@
+"""What the learner needs from an algorithm: a loss over a batch, normalised across accumulation.
+
+An objective returns the *sum* of its per-unit losses and says, from the batch alone, how many
+units the batch holds (tokens for token-mean, sequences for sequence-mean). The learner adds the
+denominators of all micro-batches of one optimizer step and divides once, so gradient
+accumulation gives exactly the loss of the full batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from trajtune.algorithms.batch import Batch
+
+
+class Objective(Protocol):
+    name: str
+
+    def denominator(self, batch: Batch) -> float:
+        """Units this batch contributes to the step's normaliser (computed without the model)."""
+        ...
+
+    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Un-normalised loss (a scalar tensor with grad) and metrics (sums, divided by the learner)."""
+        ...

@@ -1,0 +1,200 @@
+"""Online RL pieces: group advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), DAPO switches, and the
+clipped policy-gradient objective with optional KL to a reference (ALGORITHMS.md).
+
+Observation and prompt tokens never carry loss: the mask is source == policy, so multi-turn
+trajectories train only on what the policy sampled.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from trajtune.algorithms.batch import Batch, token_logprobs
+from trajtune.chat.render import SOURCE_POLICY, TokenTrajectory
+
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+TerminationPolicy = Literal["keep", "zero_reward", "mask", "drop"]
+
+DEFAULT_TERMINATION_POLICY: dict[str, TerminationPolicy] = {
+    "done": "keep",
+    "max_turns": "keep",
+    "length": "zero_reward",
+    "context_overflow": "zero_reward",
+    "env_error": "mask",
+    "timeout": "mask",
+}
+
+
+def group_advantages(rewards: list[float], estimator: Estimator = "grpo", eps: float = 1e-6) -> list[float]:
+    """Per-trajectory advantages within one group of G samples of the same task."""
+    r = torch.tensor(rewards, dtype=torch.float64)
+    g = len(rewards)
+    if g == 0:
+        return []
+    mean = r.mean()
+    if estimator == "grpo":
+        std = r.std(unbiased=True) if g > 1 else torch.tensor(0.0, dtype=torch.float64)
+        a = (r - mean) / (std + eps)
+    elif estimator in ("dr_grpo", "reinforce_pp_baseline"):
+        a = r - mean
+    elif estimator == "rloo":
+        a = (r - mean) * (g / (g - 1)) if g > 1 else torch.zeros_like(r)
+    elif estimator == "reinforce_pp":
+        a = r.clone()
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}")
+    return [float(x) for x in a]
+
+
+def whiten(values: list[float], eps: float = 1e-8) -> list[float]:
+    v = torch.tensor(values, dtype=torch.float64)
+    if len(values) < 2:
+        return [0.0 for _ in values]
+    return [float(x) for x in (v - v.mean()) / (v.std(unbiased=True) + eps)]
+
+
+def overlong_penalty(length: int, max_length: int, cache: int) -> float:
+    """DAPO soft overlong punishment: 0 up to L-C, linear to -1 at L, -1 beyond."""
+    if length <= max_length - cache:
+        return 0.0
+    if length <= max_length:
+        return ((max_length - cache) - length) / cache
+    return -1.0
+
+
+def apply_termination_policy(tts: list[TokenTrajectory],
+                             policy: dict[str, TerminationPolicy] | None = None) -> list[TokenTrajectory]:
+    """Make what happens to truncated / failed episodes explicit (Contract 4)."""
+    pol = dict(DEFAULT_TERMINATION_POLICY, **(policy or {}))
+    out = []
+    for t in tts:
+        action = pol.get(t.termination or "done", "keep")
+        if action == "drop":
+            continue
+        if action == "zero_reward":
+            t.reward = 0.0
+        elif action == "mask":
+            t.weight = [0.0] * len(t.weight)
+        out.append(t)
+    return out
+
+
+def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
+                      drop_equal_groups: bool = False) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    """Group by ``group`` (the task), compute advantages, broadcast them to policy tokens."""
+    groups: dict[str, list[TokenTrajectory]] = defaultdict(list)
+    for t in tts:
+        groups[t.group or t.traj_id].append(t)
+    kept: list[TokenTrajectory] = []
+    n_equal = 0
+    scalar: dict[int, float] = {}
+    for members in groups.values():
+        rewards = [float(t.reward or 0.0) for t in members]
+        if max(rewards) == min(rewards):
+            n_equal += 1
+            if drop_equal_groups:
+                continue
+        base = estimator if estimator != "reinforce_pp_baseline" else "reinforce_pp_baseline"
+        for t, a in zip(members, group_advantages(rewards, base)):
+            scalar[id(t)] = a
+            kept.append(t)
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline") and kept:
+        white = whiten([scalar[id(t)] for t in kept])
+        for t, a in zip(kept, white):
+            scalar[id(t)] = a
+    for t in kept:
+        a = scalar[id(t)]
+        t.advantages = [a if s == SOURCE_POLICY else 0.0 for s in t.source]
+    return kept, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal)}
+
+
+@dataclass
+class PolicyGradientObjective:
+    """Clipped surrogate ℓ_t = max(−A ρ, −A clip(ρ, 1−ε_low, 1+ε_high)), log ρ clamped to [−20, 20],
+    plus β·KL(k1|k2|k3) to a reference when ``kl_coef`` > 0, aggregated as configured."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Aggregation = "token_mean"
+    norm_length: float = 1024.0  # constant for seq_mean_token_sum_norm (Dr. GRPO)
+    temperature: float = 1.0
+    name: str = "policy_gradient"
+
+    def _mask(self, batch: Batch) -> torch.Tensor:
+        return batch.loss_mask()
+
+    def denominator(self, batch: Batch) -> float:
+        m = self._mask(batch)
+        if self.aggregation == "token_mean":
+            return float(m.sum())
+        n_seq = float((m.sum(1) > 0).sum())
+        if self.aggregation == "seq_mean_token_mean":
+            return n_seq
+        return n_seq * self.norm_length
+
+    def per_token_loss(self, logp: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        old = batch.old_logprobs[:, 1:]
+        adv = batch.advantages[:, 1:]
+        log_ratio = (logp - old).clamp(-20.0, 20.0)
+        ratio = torch.exp(log_ratio)
+        unclipped = -adv * ratio
+        clipped = -adv * torch.clamp(ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
+        loss = torch.maximum(unclipped, clipped)
+        stats = {"ratio": ratio.detach(), "clipped": (clipped > unclipped).float().detach()}
+        if self.kl_coef > 0:
+            if batch.ref_logprobs is None:
+                raise ValueError("kl_coef > 0 needs reference log-probs (rl.kl.reference)")
+            delta = (batch.ref_logprobs[:, 1:] - logp).clamp(-20.0, 20.0)
+            if self.kl_estimator == "k1":
+                kl = -delta
+            elif self.kl_estimator == "k2":
+                kl = 0.5 * delta**2
+            else:
+                kl = torch.exp(delta) - delta - 1.0
+            loss = loss + self.kl_coef * kl
+            stats["kl"] = kl.detach()
+        return loss, stats
+
+    def aggregate(self, loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.aggregation == "token_mean":
+            return (loss * mask).sum()
+        per_seq = (loss * mask).sum(1)
+        if self.aggregation == "seq_mean_token_mean":
+            return (per_seq / mask.sum(1).clamp_min(1.0)).sum()
+        return per_seq.sum()
+
+    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        logp, _ = token_logprobs(model, batch, self.temperature)
+        mask = self._mask(batch)
+        loss, st = self.per_token_loss(logp, batch)
+        total = self.aggregate(loss, mask)
+        n = mask.sum()
+        metrics = {
+            "tokens": float(n),
+            "clip_frac_sum": float((st["clipped"] * mask).sum()),
+            "ratio_sum": float((st["ratio"] * mask).sum()),
+        }
+        if "kl" in st:
+            metrics["kl_sum"] = float((st["kl"] * mask).sum())
+        return total, metrics
+
+
+@torch.no_grad()
+def add_ref_logprobs(ref_model: Any, tts: list[TokenTrajectory], pad_id: int, temperature: float = 1.0,
+                     batch_size: int = 16) -> None:
+    """Store reference-model log-probs in ``meta['ref_logprobs']`` (index t = log p(token t))."""
+    from trajtune.algorithms.batch import collate
+
+    for i in range(0, len(tts), batch_size):
+        chunk = tts[i:i + batch_size]
+        b = collate(chunk, pad_id).to(next(ref_model.parameters()).device)
+        logp, _ = token_logprobs(ref_model, b, temperature)
+        for r, t in enumerate(chunk):
+            t.meta["ref_logprobs"] = [0.0] + logp[r, : len(t) - 1].cpu().tolist()

@@ -1,0 +1,136 @@
+"""The training and evaluation commands: sft, rl, eval, demo.
+
+They parse arguments, load and validate configs and call into ``trajtune.train`` / ``trajtune.demo``.
+User errors (bad config, missing path, existing output) become one clear message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from trajtune.progress import console
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn the errors a user can fix into one message and exit 2, instead of a traceback."""
+    from trajtune.chat.render import RenderError
+    from trajtune.config import ConfigError
+    from trajtune.models.loading import ModelLoadError
+    from trajtune.schema import RecordError
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (ConfigError, RecordError, RenderError, ModelLoadError, FileExistsError, FileNotFoundError,
+                KeyError, ValueError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            console.print(f"[bold red]error:[/bold red] {msg}", highlight=False)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config (see examples/).")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: --set train.lr=3e-4 (repeatable).")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output directory.")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint in the output directory.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+def sft(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
+        quiet: QuietOpt = False) -> None:
+    """Supervised fine-tuning on trajectories (assistant tokens only; full or LoRA).
+
+    Example: trajtune sft --config examples/sft_home.yaml --set train.steps=200
+    """
+    from trajtune.config import SFTRunConfig, load_config
+    from trajtune.train import run_sft
+
+    cfg = load_config(config, SFTRunConfig, set_ or [])
+    result = run_sft(cfg, overwrite=overwrite, resume=resume, quiet=quiet)
+    console.print_json(json.dumps({k: v for k, v in result.items() if k != "last"}, default=str))
+
+
+def rl(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
+       quiet: QuietOpt = False) -> None:
+    """Online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++) in an environment.
+
+    Example: trajtune rl --config examples/rl_home.yaml --set rl.group_size=8
+    """
+    from trajtune.config import RLRunConfig, load_config
+    from trajtune.train import run_rl
+
+    cfg = load_config(config, RLRunConfig, set_ or [])
+    result = run_rl(cfg, overwrite=overwrite, resume=resume, quiet=quiet)
+    console.print_json(json.dumps({k: v for k, v in result.items() if k != "last"}, default=str))
+
+
+def eval_(
+    model: Annotated[str, typer.Option("--model", "-m", help="HF id or local path (a full model or a LoRA adapter dir).")],
+    env: Annotated[str, typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")],
+    n_tasks: Annotated[int, typer.Option("--tasks", help="Held-out tasks to run.")] = 64,
+    n: Annotated[int, typer.Option("--n", help="Samples per task (for pass@k).")] = 1,
+    k: Annotated[Optional[list[int]], typer.Option("--k", help="pass@k values to report (repeatable).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy.")] = 0.0,
+    max_turns: Annotated[int, typer.Option(help="Turn limit per episode.")] = 8,
+    max_new_tokens: Annotated[int, typer.Option(help="Token limit per assistant turn.")] = 256,
+    max_length: Annotated[int, typer.Option(help="Token limit per episode.")] = 4096,
+    batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 32,
+    seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for eval JSON + episodes JSONL.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Evaluate a model on an environment's held-out tasks: success, pass@k, reward, format errors, turns.
+
+    Example: trajtune eval --model runs/demo/sft/final --env home --tasks 100 --out runs/eval
+    """
+    from trajtune.rollout import RolloutConfig
+    from trajtune.train import run_eval
+
+    ks = k or [1]
+    if any(x > n or x < 1 for x in ks):
+        raise ValueError(f"--k {ks} must be between 1 and --n ({n})")
+    if n > 1 and temperature == 0:
+        raise ValueError("--n > 1 with --temperature 0 repeats the same greedy episode; set a temperature")
+    ro = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_length=max_length,
+                       batch_size=batch_size)
+    metrics = run_eval(model, env, out_dir=out, n_tasks=n_tasks, n=n, ks=ks, temperature=temperature, seed=seed,
+                       rollout=ro, quiet=quiet)
+    console.print_json(json.dumps(metrics))
+
+
+def demo(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = Path("runs/demo"),
+    overwrite: OverwriteOpt = False,
+    seed: Annotated[int, typer.Option(help="Seed for data, model init and sampling.")] = 0,
+    n_train: Annotated[Optional[int], typer.Option(help="Expert trajectories for SFT.")] = None,
+    n_test: Annotated[Optional[int], typer.Option(help="Held-out evaluation tasks.")] = None,
+    sft_steps: Annotated[Optional[int], typer.Option(help="SFT optimizer steps.")] = None,
+    weak_sft_steps: Annotated[Optional[int], typer.Option(help="Steps of the deliberately under-trained SFT.")] = None,
+    rl_steps: Annotated[Optional[int], typer.Option(help="GRPO steps (each run).")] = None,
+) -> None:
+    """Build a tiny model locally, SFT it on expert trajectories, GRPO it, evaluate each stage.
+
+    Needs no network. Writes configs, metrics.jsonl, checkpoints, eval JSON and PNG plots to --out,
+    and summary.json with the success rates.
+
+    Example: trajtune demo --out runs/demo --overwrite
+    """
+    from trajtune.demo import run_demo
+
+    run_demo(out, overwrite=overwrite, seed=seed, n_train=n_train, n_test=n_test, sft_steps=sft_steps,
+             weak_sft_steps=weak_sft_steps, rl_steps=rl_steps)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sft")(user_errors(sft))
+    app.command("rl")(user_errors(rl))
+    app.command("eval")(user_errors(eval_))
+    app.command("demo")(user_errors(demo))

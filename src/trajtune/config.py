@@ -1,0 +1,240 @@
+"""Run configurations: YAML validated by pydantic.
+
+Unknown keys are errors (a typo must not silently fall back to a default), and so are settings
+that would do nothing in combination with others (e.g. a KL estimator with ``kl_coef: 0``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trajtune.models.loading import LoraConfig
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class _C(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_C):
+    name_or_path: str
+    lora: LoraConfig | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    chat_template: str | None = Field(None, description="path to a Jinja chat template overriding the tokenizer's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"name_or_path": v} if isinstance(v, str) else v
+
+
+class DataSpec(_C):
+    path: str
+    format: str | None = Field(None, description="input format; auto-detected when omitted")
+    train_on: Literal["all", "last", "hint"] = "hint"
+    max_length: int = Field(2048, gt=8)
+    truncation: Literal["drop", "truncate", "error"] = "drop"
+    skip_invalid: bool = False
+    limit: int | None = Field(None, gt=0)
+
+
+class TrainSpec(_C):
+    steps: int = Field(100, gt=0)
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    batch_size: int = Field(16, gt=0, description="sequences per optimizer step (SFT)")
+    micro_batch_size: int = Field(16, gt=0)
+    save_every: int = Field(0, ge=0)
+    keep_last: int = Field(2, gt=0)
+    eval_every: int = Field(0, ge=0)
+    eaft: bool = False
+    eaft_top_k: int = Field(20, gt=1)
+    eaft_alpha: float = Field(1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _no_ops(self) -> "TrainSpec":
+        s = self.model_fields_set
+        if not self.eaft and ({"eaft_top_k", "eaft_alpha"} & s):
+            raise ValueError("train.eaft_top_k / train.eaft_alpha are set but train.eaft is false: they would do nothing")
+        if self.save_every and self.save_every >= self.steps:
+            raise ValueError(f"train.save_every ({self.save_every}) >= train.steps ({self.steps}): no intermediate "
+                             "checkpoint would be written (the final model is always saved); lower it or remove it")
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"train.warmup_steps ({self.warmup_steps}) must be below train.steps ({self.steps})")
+        if self.schedule == "constant" and "min_lr_ratio" in s:
+            raise ValueError("train.min_lr_ratio has no effect with schedule: constant")
+        return self
+
+
+class EnvSpec(_C):
+    name: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"name": v} if isinstance(v, str) else v
+
+
+class RolloutSpec(_C):
+    max_turns: int = Field(8, gt=0)
+    max_new_tokens: int = Field(128, gt=0)
+    max_length: int = Field(2048, gt=8)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    parser: str = "hermes"
+    batch_size: int = Field(32, gt=0)
+    step_timeout_s: float = Field(30.0, gt=0)
+
+
+class EvalSpec(_C):
+    env: EnvSpec | None = None
+    n_tasks: int = Field(64, gt=0)
+    n_samples: int = Field(1, gt=0)
+    k: list[int] = Field(default_factory=lambda: [1])
+    temperature: float = Field(0.0, ge=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _k(self) -> "EvalSpec":
+        bad = [k for k in self.k if k < 1 or k > self.n_samples]
+        if bad:
+            raise ValueError(f"eval.k {bad} must be between 1 and eval.n_samples ({self.n_samples})")
+        if self.n_samples > 1 and self.temperature == 0:
+            raise ValueError("eval.n_samples > 1 with temperature 0 repeats the same greedy episode; set a temperature")
+        return self
+
+
+class RLSpec(_C):
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    tasks_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, gt=0)
+    n_train_tasks: int = Field(1024, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    norm_length: float = Field(1024.0, gt=0)
+    drop_equal_groups: bool = False
+    termination: dict[str, Literal["keep", "zero_reward", "mask", "drop"]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _no_ops(self) -> "RLSpec":
+        s = self.model_fields_set
+        if self.kl_coef == 0 and "kl_estimator" in s:
+            raise ValueError("rl.kl_estimator is set but rl.kl_coef is 0: no KL term would be computed")
+        if self.aggregation != "seq_mean_token_sum_norm" and "norm_length" in s:
+            raise ValueError("rl.norm_length only applies to aggregation: seq_mean_token_sum_norm")
+        if self.group_size == 1 and self.estimator in ("grpo", "dr_grpo", "rloo"):
+            raise ValueError(f"rl.group_size 1 gives zero advantages with estimator {self.estimator}; use >= 2")
+        if self.group_size == 1 and self.drop_equal_groups:
+            raise ValueError("rl.drop_equal_groups with group_size 1 would drop every group")
+        return self
+
+
+class _RunBase(_C):
+    model: ModelSpec
+    output_dir: str
+    seed: int = 0
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    eval: EvalSpec | None = None
+
+    @model_validator(mode="after")
+    def _eval_every(self) -> "_RunBase":
+        if self.train.eval_every and (self.eval is None or self.eval.env is None):
+            raise ValueError("train.eval_every is set but there is no eval.env to evaluate on")
+        return self
+
+
+class SFTRunConfig(_RunBase):
+    data: DataSpec
+
+
+class RLRunConfig(_RunBase):
+    env: EnvSpec
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    rl: RLSpec = Field(default_factory=RLSpec)
+
+    @field_validator("train")
+    @classmethod
+    def _rl_train(cls, v: TrainSpec) -> TrainSpec:
+        if "batch_size" in v.model_fields_set:
+            raise ValueError("train.batch_size is not used by RL (a step is rl.tasks_per_step × rl.group_size episodes)")
+        return v
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``."""
+    for ov in overrides:
+        if "=" not in ov:
+            raise ConfigError(f"--set {ov!r}: expected KEY=VALUE, e.g. --set train.lr=3e-4")
+        key, raw = ov.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"--set {ov!r}: empty key")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {ov!r}: value is not valid YAML: {e}") from None
+        cur = data
+        for p in parts[:-1]:
+            nxt = cur.get(p)
+            if nxt is None:
+                nxt = cur[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {ov!r}: {p!r} is not a section")
+            cur = nxt
+        cur[parts[-1]] = value
+    return data
+
+
+def _format_errors(e: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid configuration ({e.error_count()} problem{'s' if e.error_count() > 1 else ''}):"]
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see examples/ for valid configs)"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> Any:
+    data: dict[str, Any] = dict(base or {})
+    source = "<overrides>"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        if not p.exists():
+            raise ConfigError(f"{p}: config file not found")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f":{mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{p}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of keys to values")
+        data.update(loaded)
+    data = apply_overrides(data, overrides or [])
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def dump_config(cfg: BaseModel) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,264 @@
+"""The one training loop. It knows nothing about which algorithm runs.
+
+An experience source hands it a list of TokenTrajectories for each step (a dataset slice for SFT,
+fresh rollouts for RL); an objective turns micro-batches into a loss. The learner does the rest:
+accelerate, gradient accumulation with exact normalisation, clipping, the LR schedule, metrics,
+atomic checkpoints (weights, optimizer, scheduler, RNG states, step) and exact resume.
+
+Sources are deterministic functions of the step index (data order and rollout seeds are derived
+from the config seed and the step), so resuming from a checkpoint replays exactly what an
+uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import torch
+
+from trajtune.algorithms.base import Objective
+from trajtune.algorithms.batch import collate
+from trajtune.chat.render import TokenTrajectory
+
+
+class ExperienceSource(Protocol):
+    def batch(self, step: int, model: Any) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        """Experience for optimizer step ``step`` and metrics about it (reward, success, ...)."""
+        ...
+
+
+@dataclass
+class LearnerConfig:
+    steps: int = 100
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 0
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    min_lr_ratio: float = 0.1
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 16
+    save_every: int = 0  # 0 = only at the end
+    keep_last: int = 2
+    log_every: int = 1
+    eval_every: int = 0
+    seed: int = 0
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        span = max(1, cfg.steps - cfg.warmup_steps)
+        progress = min(1.0, (step - cfg.warmup_steps) / span)
+        if cfg.schedule == "linear":
+            return 1.0 - (1.0 - cfg.min_lr_ratio) * progress
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config")
+
+
+class Learner:
+    def __init__(self, model: Any, tokenizer: Any, objective: Objective, source: ExperienceSource,
+                 config: LearnerConfig, out_dir: str | Path, *,
+                 eval_hook: Callable[[int, Any], dict[str, float]] | None = None,
+                 on_step: Callable[[int, dict[str, float]], None] | None = None,
+                 stop_after: int | None = None) -> None:
+        from accelerate import Accelerator
+
+        self.cfg = config
+        self.tok = tokenizer
+        self.objective = objective
+        self.source = source
+        self.out = Path(out_dir)
+        self.eval_hook = eval_hook
+        self.on_step = on_step
+        self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the model has no trainable parameters")
+        optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
+        self.step = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.ckpt_root = self.out / "checkpoints"
+        self.metrics_path = self.out / "metrics.jsonl"
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step-N`` atomically: a temp dir, fsync'd files, then one rename."""
+        self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        final = self.ckpt_root / f"step-{self.step:06d}"
+        tmp = self.ckpt_root / f".tmp-step-{self.step:06d}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        model = self.accelerator.unwrap_model(self.model)
+        model.save_pretrained(tmp)
+        self.tok.save_pretrained(tmp)
+        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "rng": _rng_state()}, tmp / "trainer_state.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        ckpts = sorted(self.ckpt_root.glob("step-*"))
+        for old in ckpts[: max(0, len(ckpts) - self.cfg.keep_last)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        ckpts = sorted(p for p in self.ckpt_root.glob("step-*") if (p / "trainer_state.json").exists())
+        return ckpts[-1] if ckpts else None
+
+    def resume(self, ckpt: Path | None = None) -> int:
+        from safetensors.torch import load_file
+
+        ckpt = ckpt or self.latest_checkpoint()
+        if ckpt is None:
+            raise FileNotFoundError(f"no checkpoint to resume from under {self.ckpt_root}")
+        model = self.accelerator.unwrap_model(self.model)
+        if is_peft(model):
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
+        else:
+            state = load_file(ckpt / "model.safetensors")
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+            if unexpected or set(missing) - tied:
+                raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+        st = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["scheduler"])
+        _set_rng_state(st["rng"])
+        self.step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+        self._truncate_metrics(self.step)
+        return self.step
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines a killed run wrote after its last checkpoint, so they are not doubled."""
+        if not self.metrics_path.exists():
+            return
+        keep = [ln for ln in self.metrics_path.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def train_step(self, tts: list[TokenTrajectory]) -> dict[str, float]:
+        self.model.train()
+        mbs = [tts[i:i + self.cfg.micro_batch_size] for i in range(0, len(tts), self.cfg.micro_batch_size)]
+        batches = [collate(mb, self.pad_id).to(self.accelerator.device) for mb in mbs]
+        denom = sum(self.objective.denominator(b) for b in batches)
+        sums: dict[str, float] = {}
+        total = 0.0
+        if denom <= 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"loss": 0.0, "skipped": 1.0}
+        for b in batches:
+            loss, m = self.objective.loss_sum(self.model, b)
+            scaled = loss / denom
+            self.accelerator.backward(scaled)
+            total += float(scaled.detach())
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v
+        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = {"loss": total, "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0],
+               "sequences": float(len(tts))}
+        tokens = sums.get("tokens", 0.0)
+        for k, v in sums.items():
+            if k.endswith("_sum") and tokens:
+                out[k[:-4]] = v / tokens
+        if "correct" in sums and tokens:
+            out["token_accuracy"] = sums["correct"] / tokens
+        out["tokens"] = tokens
+        return out
+
+    def fit(self, progress: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
+        set_seed(self.cfg.seed + self.step)
+        last: dict[str, float] = {}
+        done_here = 0
+        while self.step < self.cfg.steps:
+            t0 = time.time()
+            tts, src_metrics = self.source.batch(self.step, self.accelerator.unwrap_model(self.model))
+            m = self.train_step(tts) if tts else {"loss": 0.0, "skipped": 1.0}
+            self.step += 1
+            done_here += 1
+            rec: dict[str, Any] = {"step": self.step, **src_metrics, **m, "seconds": round(time.time() - t0, 4)}
+            if self.eval_hook and self.cfg.eval_every and self.step % self.cfg.eval_every == 0 \
+                    and self.step < self.cfg.steps:
+                rec.update({f"eval/{k}": v for k, v in self.eval_hook(self.step, self.model).items()})
+            if self.step % max(1, self.cfg.log_every) == 0 or self.step == self.cfg.steps:
+                self.log(rec)
+            last = rec
+            if progress:
+                progress(self.step, rec)
+            if self.on_step:
+                self.on_step(self.step, rec)
+            if self.cfg.save_every and self.step % self.cfg.save_every == 0 and self.step < self.cfg.steps:
+                self.save_checkpoint()
+            if self.stop_after is not None and done_here >= self.stop_after:
+                return last
+        return last
+
+    def save_final(self, path: str | Path) -> Path:
+        """Save the trained model (or adapter) and tokenizer as a loadable HF directory, atomically."""
+        path = Path(path)
+        tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        model = self.accelerator.unwrap_model(self.model)
+        model.save_pretrained(tmp)
+        self.tok.save_pretrained(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+        return path

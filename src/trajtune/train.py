@@ -1,0 +1,219 @@
+"""Training runs: assemble source + transforms + objective + learner from a validated config.
+
+SFT and RL are the same loop with different experience sources and objectives; this module only
+wires them together, manages the run directory and writes the artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trajtune.algorithms.batch import fit_length
+from trajtune.algorithms.grpo import PolicyGradientObjective
+from trajtune.algorithms.sft import SFTObjective
+from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
+from trajtune.config import RLRunConfig, SFTRunConfig, dump_config
+from trajtune.envs.base import make_env
+from trajtune.eval.run import evaluate, write_eval
+from trajtune.experience import DatasetSource, RolloutSource
+from trajtune.learner import Learner, LearnerConfig, set_seed
+from trajtune.models.loading import load_model, load_tokenizer
+from trajtune.plots import plot_metrics
+from trajtune.progress import bar, console
+from trajtune.rollout import RolloutConfig
+from trajtune.schema import Trajectory, atomic_write_text, read_trajectories
+
+
+class RunDirError(FileExistsError):
+    pass
+
+
+def prepare_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
+    """Refuse to clobber an existing run unless told: --overwrite replaces it, --resume continues it."""
+    p = Path(path)
+    if overwrite and resume:
+        raise RunDirError("--overwrite and --resume exclude each other")
+    if p.exists() and any(p.iterdir()):
+        if resume:
+            return p
+        if not overwrite:
+            raise RunDirError(f"output directory {p} already exists and is not empty; "
+                              "pass --overwrite to replace it or --resume to continue it")
+        shutil.rmtree(p)
+    elif resume:
+        raise RunDirError(f"--resume: {p} has no run to resume")
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def iter_data(path: str, fmt: str | None, skip_invalid: bool = False) -> Iterator[Trajectory]:
+    """Read training data in any supported format (native IR by default)."""
+    try:
+        from trajtune.formats import load_any
+    except ImportError:
+        load_any = None
+    if load_any is not None:
+        yield from load_any(path, format=fmt, skip_invalid=skip_invalid)
+        return
+    if fmt not in (None, "ir", "trajtune"):
+        raise ValueError(f"data format {fmt!r} is not supported by this installation")
+    yield from read_trajectories(path)
+
+
+def learner_config(cfg: SFTRunConfig | RLRunConfig, micro: int) -> LearnerConfig:
+    t = cfg.train
+    return LearnerConfig(steps=t.steps, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
+                         schedule=t.schedule, min_lr_ratio=t.min_lr_ratio, max_grad_norm=t.max_grad_norm,
+                         micro_batch_size=micro, save_every=t.save_every, keep_last=t.keep_last,
+                         eval_every=t.eval_every, seed=cfg.seed)
+
+
+def _eval_hook(cfg: SFTRunConfig | RLRunConfig, tok: Any, renderer: ChatRenderer, rollout: RolloutConfig):
+    if cfg.eval is None or cfg.eval.env is None:
+        return None
+    ev = cfg.eval
+    env_name, kwargs = ev.env.name, ev.env.kwargs
+    tasks = make_env(env_name, **kwargs).tasks("test", ev.n_tasks, seed=ev.seed)
+    ro = RolloutConfig(**{**rollout.__dict__, "temperature": ev.temperature})
+
+    def hook(step: int, model: Any) -> dict[str, float]:
+        m, _ = evaluate(model, tok, lambda: make_env(env_name, **kwargs), tasks, ro, n=ev.n_samples, ks=ev.k,
+                        seed=ev.seed, renderer=renderer)
+        return {k: v for k, v in m.items() if isinstance(v, float)}
+
+    return hook
+
+
+def _write_common(out: Path, cfg: Any, kind: str) -> None:
+    atomic_write_text(out / "config.yaml", dump_config(cfg))
+    atomic_write_text(out / "run.json", json.dumps({"kind": kind, "started": time.time()}))
+
+
+def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
+            stop_after: int | None = None) -> dict[str, Any]:
+    set_seed(cfg.seed)
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
+    renderer = ChatRenderer(tok, RenderConfig(train_on=cfg.data.train_on))
+    trajs = []
+    for i, t in enumerate(iter_data(cfg.data.path, cfg.data.format, cfg.data.skip_invalid)):
+        if cfg.data.limit and i >= cfg.data.limit:
+            break
+        trajs.append(t)
+    if not trajs:
+        raise ValueError(f"{cfg.data.path}: no training records")
+    tts = []
+    with bar("render", len(trajs), enabled=not quiet) as adv:
+        for t in trajs:
+            try:
+                tts.append(renderer.render(t))  # per record, so an error names its trajectory
+            except RenderError as e:
+                raise RenderError(f"{cfg.data.path}: trajectory {t.id!r}: {e}") from None
+            adv()
+    tts, n_cut = fit_length(tts, cfg.data.max_length, cfg.data.truncation)
+    tts = [t for t in tts if any(w > 0 for w in t.weight)]
+    if not tts:
+        raise ValueError("no trajectory has a trained token (check data.train_on and the records' train flags)")
+    out = prepare_run_dir(cfg.output_dir, overwrite, resume)
+    if not resume:
+        _write_common(out, cfg, "sft")
+    model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
+    source = DatasetSource(tts, cfg.train.batch_size, cfg.seed)
+    rollout = RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
+    learner = Learner(model, tok, SFTObjective(cfg.train.eaft, cfg.train.eaft_top_k, cfg.train.eaft_alpha), source,
+                      learner_config(cfg, min(cfg.train.micro_batch_size, cfg.train.batch_size)), out,
+                      eval_hook=_eval_hook(cfg, tok, renderer, rollout), stop_after=stop_after)
+    if resume:
+        learner.resume()
+    with bar("sft", cfg.train.steps, enabled=not quiet) as adv:
+        adv(learner.step)
+        last = learner.fit(lambda s, r: adv(1, loss=r.get("loss", 0.0), acc=r.get("token_accuracy", 0.0)))
+    if learner.step < cfg.train.steps:  # stopped early (testing aid): leave a resumable checkpoint only
+        learner.save_checkpoint()
+        return {"step": learner.step, "stopped": True}
+    final = learner.save_final(out / "final")
+    plot_metrics(out / "metrics.jsonl", out / "loss.png", ["loss", "token_accuracy"], "SFT")
+    result: dict[str, Any] = {"step": learner.step, "final": str(final), "train_records": len(tts),
+                              "truncated_or_dropped": n_cut, "last": last}
+    hook = _eval_hook(cfg, tok, renderer, rollout)
+    if hook is not None:
+        result["eval"] = hook(learner.step, learner.model)
+    atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))
+    if not quiet:
+        console.print(f"[green]SFT done[/green]: {final}")
+    return result
+
+
+def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
+           stop_after: int | None = None) -> dict[str, Any]:
+    set_seed(cfg.seed)
+    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
+    renderer = ChatRenderer(tok)
+    env_name, kwargs = cfg.env.name, cfg.env.kwargs
+    make_env(env_name, **kwargs)  # fail fast on an unknown environment
+    out = prepare_run_dir(cfg.output_dir, overwrite, resume)
+    if not resume:
+        _write_common(out, cfg, "rl")
+    model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
+    ref = None
+    if cfg.rl.kl_coef > 0:
+        ref = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, trainable=False)
+        ref.eval().requires_grad_(False)
+    ro = RolloutConfig(**cfg.rollout.model_dump())
+    tasks = make_env(env_name, **kwargs).tasks("train", cfg.rl.n_train_tasks, seed=cfg.seed)
+    episodes_path = out / "rollouts.jsonl"
+
+    def keep_episodes(step: int, episodes: list[Any]) -> None:
+        with episodes_path.open("a") as f:
+            for e in episodes:
+                f.write(json.dumps({"step": step, **e.trajectory.model_dump(mode="json", exclude_none=True)}) + "\n")
+
+    source = RolloutSource(tok, lambda: make_env(env_name, **kwargs), tasks, ro, cfg.rl.tasks_per_step,
+                           cfg.rl.group_size, cfg.rl.estimator, cfg.rl.drop_equal_groups, dict(cfg.rl.termination),
+                           ref, cfg.seed, renderer, keep_episodes)
+    objective = PolicyGradientObjective(cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.kl_coef, cfg.rl.kl_estimator,
+                                        cfg.rl.aggregation, cfg.rl.norm_length,
+                                        ro.temperature if ro.temperature > 0 else 1.0)
+    learner = Learner(model, tok, objective, source, learner_config(cfg, cfg.train.micro_batch_size), out,
+                      eval_hook=_eval_hook(cfg, tok, renderer, ro), stop_after=stop_after)
+    if resume:
+        learner.resume()
+    with bar("rl", cfg.train.steps, enabled=not quiet) as adv:
+        adv(learner.step)
+        last = learner.fit(lambda s, r: adv(1, reward=r.get("reward", 0.0), success=r.get("success", 0.0)))
+    if learner.step < cfg.train.steps:
+        learner.save_checkpoint()
+        return {"step": learner.step, "stopped": True}
+    final = learner.save_final(out / "final")
+    plot_metrics(out / "metrics.jsonl", out / "reward.png", ["reward", "success", "loss"], "RL")
+    result: dict[str, Any] = {"step": learner.step, "final": str(final), "last": last}
+    hook = _eval_hook(cfg, tok, renderer, ro)
+    if hook is not None:
+        result["eval"] = hook(learner.step, learner.model)
+    atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))
+    if not quiet:
+        console.print(f"[green]RL done[/green]: {final}")
+    return result
+
+
+def run_eval(model_path: str, env_name: str, *, out_dir: str | Path | None, n_tasks: int = 64, n: int = 1,
+             ks: list[int] | None = None, temperature: float = 0.0, seed: int = 0, rollout: RolloutConfig | None = None,
+             env_kwargs: dict[str, Any] | None = None, quiet: bool = False) -> dict[str, Any]:
+    tok = load_tokenizer(model_path)
+    model = load_model(model_path, trainable=False)
+    env_kwargs = env_kwargs or {}
+    env = make_env(env_name, **env_kwargs)
+    tasks = env.tasks("test", n_tasks, seed=seed)
+    ro = rollout or RolloutConfig(max_turns=env.max_turns)
+    ro = RolloutConfig(**{**ro.__dict__, "temperature": temperature})
+    with bar(f"eval {env_name}", len(tasks) * n, enabled=not quiet) as adv:
+        metrics, episodes = evaluate(model, tok, lambda: make_env(env_name, **env_kwargs), tasks, ro, n=n,
+                                     ks=ks or [1], seed=seed, progress=adv)
+    metrics = {"model": model_path, "env": env_name, **metrics}
+    if out_dir is not None:
+        write_eval(out_dir, f"eval-{env_name}", metrics, episodes)
+    return metrics
