@@ -510,3 +510,15 @@ def test_report_by_hand():
     assert r["overall"]["accuracy"] == 0.5
     assert r["overall"]["category_mean"] == pytest.approx((0.5 + 0 + 1) / 3)
     assert r["groups"] == {"non_live_ast": 0.5, "live_ast": 0.0, "multi_turn": 1.0}
+
+
+def test_from_ir_for_a_trajectory_made_elsewhere():
+    from trajtune.schema import ToolSpec, Trajectory
+
+    traj = Trajectory(id="x1", messages=[Message(role="system", content="s"), Message(role="user", content="hi"),
+                                         Message(role="assistant", content="hello")],
+                      tools=[ToolSpec(name="f", parameters={"type": "object", "properties": {"a": {"type": "number"}}})])
+    assert from_ir(traj) == {"id": "x1", "question": [[{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]],
+                             "function": [{"name": "f", "description": "",
+                                           "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}]}
+    assert answer_from_ir(traj) is None
