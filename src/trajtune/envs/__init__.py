@@ -6,3 +6,17 @@ __all__ = ["Environment", "ResetResult", "StepResult", "Task", "list_envs", "mak
 
 from trajtune.envs import home as _home  # noqa: E402,F401  (registers "home")
 from trajtune.envs import builtin as _builtin  # noqa: E402,F401  (registers the other built-in environments)
+
+
+def _register_benchmarks() -> None:
+    """Benchmark environments register lazily: their heavy packages load only when used."""
+    import importlib
+
+    for mod in ("trajtune.benchmarks.bfcl.multi_turn", "trajtune.benchmarks.textworld_env"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:  # optional extra not installed
+            pass
+
+
+_register_benchmarks()
