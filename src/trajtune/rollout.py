@@ -212,11 +212,14 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
         if not stepping:
             continue
         results = step_fn([e.env for e, _ in stepping], [m for _, m in stepping], cfg.step_timeout_s)
-        for (e, _), res in zip(stepping, results):
+        for (e, msg), res in zip(stepping, results):
             e.reward += float(res.reward)
+            msg.reward = float(res.reward)  # a turn's reward sits on the assistant message that earned it
+            if isinstance(res.info.get("tools"), list) and res.info["tools"]:
+                e.tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in res.info["tools"]]
             if res.observations:
                 e.messages.extend(res.observations)
-            if res.termination:
+            if res.termination and res.termination != "done":
                 e.termination = res.termination
                 e.error = str(res.info.get("error")) if res.info.get("error") else None
                 continue
