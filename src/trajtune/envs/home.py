@@ -6,9 +6,9 @@ small finite set of single-word entities, so a from-scratch tiny model can learn
 minutes. Three task kinds of rising difficulty:
 
 - ``set``: "Turn on the lamp in the kitchen." -> set_device, then "Done."
-- ``copy``: "Set the fan in the office to match the fan in the attic." -> get_state(attic),
+- ``copy``: "Set the fan in the office to match the fan in the attic." -> get_state(attic, fan),
   set_device(office, fan, <observed>), "Done."
-- ``toggle``: "Toggle the radio in the garage." -> get_state(garage), set the opposite, "Done."
+- ``toggle``: "Toggle the radio in the garage." -> get_state(garage, radio), set the opposite, "Done."
 
 Success: the target device holds the goal state, no other device changed, and the agent ended
 the episode with a final answer (no tool call).
@@ -33,9 +33,11 @@ SYSTEM = "You control a smart home. Use the tools, then reply Done."
 TOOLS = [
     ToolSpec(
         name="get_state",
-        description="Read the devices of a room.",
-        parameters={"type": "object", "properties": {"room": {"type": "string", "enum": ROOMS}},
-                    "required": ["room"], "additionalProperties": False},
+        description="Read whether a device is on or off.",
+        parameters={"type": "object",
+                    "properties": {"room": {"type": "string", "enum": ROOMS},
+                                   "device": {"type": "string", "enum": DEVICES}},
+                    "required": ["room", "device"], "additionalProperties": False},
     ),
     ToolSpec(
         name="set_device",
@@ -127,10 +129,14 @@ class HomeEnv(Environment):
     def _call(self, call: ToolCall) -> str:
         args = call.arguments or {}
         if call.name == "get_state":
-            room = args.get("room")
-            if set(args) != {"room"} or room not in self.state:
-                return f"error: unknown room {room!r}" if room not in self.state else "error: get_state takes only 'room'"
-            return json.dumps(self.state[room])
+            room, device = args.get("room"), args.get("device")
+            if set(args) != {"room", "device"}:
+                return "error: get_state takes 'room' and 'device'"
+            if room not in self.state:
+                return f"error: unknown room {room!r}"
+            if device not in DEVICES:
+                return f"error: unknown device {device!r}"
+            return f"{room} {device}: {self.state[room][device]}"
         if call.name == "set_device":
             room, device, st = args.get("room"), args.get("device"), args.get("state")
             if set(args) != {"room", "device", "state"}:
@@ -191,8 +197,8 @@ class HomeEnv(Environment):
             act(call("set_device", room=d["room"], device=d["device"], state=d["goal"]))
         else:
             look = d["source_room"] if d["kind"] == "copy" else d["room"]
-            act(call("get_state", room=look))
-            seen = json.loads(msgs[-1].text())[d["device"]]
+            act(call("get_state", room=look, device=d["device"]))
+            seen = msgs[-1].text().rsplit(": ", 1)[1]
             act(call("set_device", room=d["room"], device=d["device"],
                      state=seen if d["kind"] == "copy" else _other(seen)))
         act(None, "Done.")

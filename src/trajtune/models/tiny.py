@@ -65,7 +65,7 @@ PRESETS: dict[str, dict[str, int]] = {
     "nano": {"hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2},
     "micro": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
-              "num_key_value_heads": 2},
+              "num_key_value_heads": 4},
     "small": {"hidden_size": 192, "intermediate_size": 576, "num_hidden_layers": 6, "num_attention_heads": 6,
               "num_key_value_heads": 2},
 }
