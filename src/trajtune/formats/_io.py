@@ -1,0 +1,104 @@
+"""Streaming, crash-proof reading of JSONL: one bad line never stops the file.
+
+``schema.iter_jsonl`` raises on the first bad line, which is right for trusted IR files. Data
+tooling needs every problem of a file at once, bounded memory on huge lines, and a BOM warning,
+so this reader yields an outcome per line instead of raising.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024  # a trajectory this big cannot be trained on anyway
+_CHUNK = 1024 * 1024
+
+
+@dataclass
+class LineProblem:
+    """Why one line could not be turned into a JSON value (rule id from ``trajtune.validate``)."""
+
+    rule: str
+    message: str
+    hint: str
+
+
+@dataclass
+class Line:
+    lineno: int
+    value: Any = None
+    problem: LineProblem | None = None
+    bom: bool = False
+
+
+def iter_json_lines(path: str | os.PathLike[str], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Line]:
+    """Yield a :class:`Line` per non-blank line; never raises for bad content.
+
+    Lines longer than ``max_line_bytes`` are skipped without being held in memory.
+    """
+    p = Path(path)
+    with p.open("rb") as f:
+        lineno = 0
+        while True:
+            raw = f.readline(max_line_bytes + 1)
+            if not raw:
+                break
+            lineno += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                # Drain the rest of the line in chunks so memory stays bounded.
+                while True:
+                    more = f.readline(_CHUNK)
+                    if not more or more.endswith(b"\n"):
+                        break
+                yield Line(lineno, problem=LineProblem(
+                    "E106", f"line longer than {max_line_bytes // (1024 * 1024)} MiB",
+                    "split huge observations (e.g. HTML) out of the record or raise --max-line-mb"))
+                continue
+            bom = False
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+                bom = True
+            at_eof = not raw.endswith(b"\n")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield Line(lineno, bom=bom, problem=LineProblem(
+                    "E103", f"invalid UTF-8 at byte {e.start}", "re-encode the file as UTF-8"))
+                continue
+            if not text.strip():
+                if bom:
+                    yield Line(lineno, bom=True, value=_BLANK)
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                truncated = at_eof and (e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated string"))
+                if truncated:
+                    yield Line(lineno, bom=bom, problem=LineProblem(
+                        "E102", f"truncated JSON at end of file ({e.msg})",
+                        "the file was cut off mid-record; re-export it or drop the last line"))
+                else:
+                    yield Line(lineno, bom=bom, problem=LineProblem(
+                        "E101", f"invalid JSON: {e.msg} at column {e.colno}",
+                        "each line must be one complete JSON object"))
+                continue
+            except RecursionError:
+                yield Line(lineno, bom=bom, problem=LineProblem(
+                    "E101", "invalid JSON: nesting too deep", "flatten the record"))
+                continue
+            yield Line(lineno, value=value, bom=bom)
+
+
+class _Blank:
+    """Marker for a BOM-only first line (so the BOM is still reported)."""
+
+
+_BLANK = _Blank()
+
+
+def is_blank(line: Line) -> bool:
+    return line.value is _BLANK
