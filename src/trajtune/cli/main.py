@@ -29,6 +29,11 @@ def version() -> None:
     typer.echo(__version__)
 
 
+from trajtune.cli.data import data_app  # noqa: E402
+
+app.add_typer(data_app, name="data", help="Validate, convert, inspect, mix, split and dedup trajectory data.")
+
+
 def main() -> None:
     app()
 
