@@ -153,7 +153,7 @@ def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:
     report = ConversionReport(source_format="ir", target_format=NAME)
     declare_trajectory_losses(traj, NAME, report)
     rec: dict[str, Any] = {"id": traj.id}
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
     msgs = list(traj.messages)
     if msgs and msgs[0].role in ("system", "developer"):
         rec["system"] = _text(msgs[0], report)
@@ -173,7 +173,7 @@ def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:
                 report.lose("content_with_tool_calls")
             objs = [{"name": c.name, "arguments": arguments_dict(c.arguments, c.arguments_raw, report)
                      if c.type != "custom" else {"input": c.input}} for c in m.tool_calls]
-            turns.append({"from": "function_call", "value": json.dumps(objs[0] if len(objs) == 1 else objs, ensure_ascii=False)})
+            turns.append({"from": "function_call", "_items": objs})
         elif m.role == "assistant":
             turns.append({"from": "gpt", "value": _text(m, report)})
         else:  # tool results: the whole contiguous group becomes one observation
@@ -182,8 +182,7 @@ def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:
                 i += 1
                 declare_message_losses(msgs[i], NAME, report)
                 group.append(msgs[i])
-            texts = [_text(g, report) for g in group]
-            turns.append({"from": "observation", "value": texts[0] if len(texts) == 1 else json.dumps(texts, ensure_ascii=False)})
+            turns.append({"from": "observation", "_items": [_text(g, report) for g in group]})
         i += 1
     rec["conversations"] = _enforce_alternation(turns, report)
     if traj.tools:
@@ -197,27 +196,44 @@ def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:
 _SIDE = {"human": 0, "observation": 0, "gpt": 1, "function_call": 1}
 
 
-def _enforce_alternation(turns: list[dict[str, str]], report: ConversionReport) -> list[dict[str, str]]:
-    """LLaMA-Factory rejects non-alternating conversations: merge same-side runs, drop a trailing prompt."""
-    out: list[dict[str, str]] = []
+def _serialise(t: dict[str, Any]) -> dict[str, str]:
+    if "_items" not in t:
+        return t
+    items = t["_items"]
+    if t["from"] == "function_call":  # one call: an object; parallel calls: a list
+        return {"from": "function_call", "value": json.dumps(items[0] if len(items) == 1 else items, ensure_ascii=False)}
+    # one result: the text itself; results of parallel calls: a JSON list of texts
+    return {"from": "observation", "value": items[0] if len(items) == 1 else json.dumps(items, ensure_ascii=False)}
+
+
+def _enforce_alternation(turns: list[dict[str, Any]], report: ConversionReport) -> list[dict[str, str]]:
+    """LLaMA-Factory rejects non-alternating conversations: merge same-side runs, drop a trailing prompt.
+
+    Consecutive call turns become one parallel call list and consecutive results one observation
+    (declared as ``message_grouping``); other same-side runs are joined as text (``merged_turns``).
+    """
+    out: list[dict[str, Any]] = []
     for t in turns:
         if out and _SIDE[out[-1]["from"]] == _SIDE[t["from"]]:
             prev = out[-1]
-            if prev["from"] == t["from"] and t["from"] in ("human", "gpt"):
-                prev["value"] = prev["value"] + "\n\n" + t["value"]
-                report.lose("merged_turns")
+            if prev["from"] == t["from"] and "_items" in t:
+                prev["_items"] = prev["_items"] + t["_items"]
+                report.lose("message_grouping")
             elif prev["from"] == "gpt" and t["from"] == "function_call":
                 out[-1] = t
                 report.lose("content_with_tool_calls")
+            elif prev["from"] == "function_call" and t["from"] == "gpt":  # calls then text: the text is lost
+                report.lose("content_with_tool_calls")
             else:
-                prev["value"] = prev["value"] + "\n\n" + t["value"]
+                a, b = _serialise(prev)["value"], _serialise(t)["value"]
+                out[-1] = {"from": prev["from"], "value": a + "\n\n" + b}
                 report.lose("merged_turns")
             continue
-        out.append(t)
+        out.append(dict(t))
     if out and _SIDE[out[0]["from"]] == 1:
         out.insert(0, {"from": "human", "value": ""})
         report.warn("conversation started with an assistant turn; an empty human turn was inserted")
     if out and _SIDE[out[-1]["from"]] == 0:
         out.pop()
         report.lose("trailing_turn")
-    return out
+    return [_serialise(t) for t in out]
