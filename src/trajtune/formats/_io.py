@@ -44,18 +44,13 @@ def iter_json_lines(path: str | os.PathLike[str], max_line_bytes: int = DEFAULT_
     with p.open("rb") as f:
         lineno = 0
         while True:
-            raw = f.readline(max_line_bytes + 1)
-            if not raw:
+            raw, too_long = _read_line(f, max_line_bytes)
+            if raw is None:
                 break
             lineno += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                # Drain the rest of the line in chunks so memory stays bounded.
-                while True:
-                    more = f.readline(_CHUNK)
-                    if not more or more.endswith(b"\n"):
-                        break
+            if too_long:
                 yield Line(lineno, problem=LineProblem(
-                    "E106", f"line longer than {max_line_bytes // (1024 * 1024)} MiB",
+                    "E106", f"line longer than {max_line_bytes / (1024 * 1024):g} MiB",
                     "split huge observations (e.g. HTML) out of the record or raise --max-line-mb"))
                 continue
             bom = False
@@ -91,6 +86,32 @@ def iter_json_lines(path: str | os.PathLike[str], max_line_bytes: int = DEFAULT_
                     "E101", "invalid JSON: nesting too deep", "flatten the record"))
                 continue
             yield Line(lineno, value=value, bom=bom)
+
+
+def _read_line(f: Any, max_line_bytes: int) -> tuple[bytes | None, bool]:
+    """Next line in chunks: ``(bytes, False)``, ``(None, False)`` at EOF, or ``(b"", True)`` when the
+    line exceeds the limit (its chunks are dropped as they come, so memory stays under the limit)."""
+    chunks: list[bytes] = []
+    size = 0
+    too_long = False
+    while True:
+        part = f.readline(_CHUNK)
+        if not part:
+            break
+        if not too_long:
+            size += len(part)
+            if size > max_line_bytes:
+                too_long = True
+                chunks = []
+            else:
+                chunks.append(part)
+        if part.endswith(b"\n"):
+            break
+    if too_long:
+        return b"", True
+    if not chunks:
+        return None, False
+    return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), False
 
 
 class _Blank:
