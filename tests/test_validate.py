@@ -252,6 +252,7 @@ def test_think_and_sft_end():
     r = rules_of(validate_trajectory(t))
     assert {"W251", "W252"} <= r
     assert "W252" not in rules_of(validate_trajectory(t, sft=False))
+    assert [f.message for f in validate_trajectory(traj())] == ["trajectory has no messages"]
 
 
 def test_has_errors_strict():

@@ -356,7 +356,9 @@ def validate_trajectory(traj: Trajectory, *, file: str | None = None, line: int 
             sev = "E" if export_format == "openai" else "W"
             out.append(_finding("W215", f"results {run} do not follow the calls {expected} in order", severity=sev,
                                 **{**base, "message_index": i}))
-    if sft and traj.messages and traj.messages[-1].role != "assistant":
+    if sft and not traj.messages:
+        out.append(_finding("W252", "trajectory has no messages", **base))
+    elif sft and traj.messages[-1].role != "assistant":
         out.append(_finding("W252", f"last message is {traj.messages[-1].role}", **{**base, "message_index": len(traj.messages) - 1}))
     return out
 
