@@ -238,3 +238,15 @@ def test_bad_input_corpus_never_tracebacks(tmp_path):
         assert res.exit_code == (0 if name == "bom.jsonl" else 1), name
         res = run("convert", p, "--from", "openai", "--to", "ir", "-o", tmp_path / f"{name}.out")
         assert res.exit_code in (0, 1)
+
+
+def test_stats_counts_bad_arguments_per_call(tmp_path):
+    rec = chat(0, tool="f")
+    rec["messages"][1]["tool_calls"] = [
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{bad"}},
+        {"id": "b", "type": "function", "function": {"name": "f", "arguments": "[1]"}},
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": json.dumps(json.dumps({"x": 1}))}}]
+    rec["messages"][2:3] = [{"role": "tool", "tool_call_id": x, "content": "r"} for x in "abc"]
+    p = write_rows(tmp_path / "s.jsonl", [rec])
+    s = json.loads(run("stats", p, "--json").output)
+    assert s["arguments"] == {"calls": 3, "invalid": 2, "double_encoded": 1, "schema_violations": 0}

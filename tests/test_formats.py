@@ -453,3 +453,53 @@ def test_sharegpt_export_groups_consecutive_calls_and_results():
     assert [c["name"] for c in calls] == ["click", "type"]
     assert json.loads(rec["conversations"][2]["value"])[1] == "typed"
     assert "message_grouping" in rep.losses and "merged_turns" in rep.losses
+
+
+ODD_VALUES = [None, 0, 1.5, True, "", "x", [], {}, [1], {"a": 1}, '{"a":1}', -1]
+
+
+def _mutate(obj, rng) -> None:
+    if isinstance(obj, dict) and obj:
+        k = rng.choice(list(obj))
+        r = rng.random()
+        if r < 0.5:
+            obj[k] = rng.choice(ODD_VALUES)
+        elif r < 0.75:
+            del obj[k]
+        else:
+            _mutate(obj[k], rng)
+    elif isinstance(obj, list) and obj:
+        i = rng.randrange(len(obj))
+        if rng.random() < 0.5:
+            obj[i] = rng.choice(ODD_VALUES)
+        else:
+            _mutate(obj[i], rng)
+
+
+@pytest.mark.parametrize("src,fixture", [("openai", "openai_golden.jsonl"), ("adp", "adp_golden.jsonl"),
+                                         ("sharegpt", "sharegpt.jsonl"), ("xlam", "xlam.jsonl"),
+                                         ("react", "react.jsonl"), ("hermes", "hermes.jsonl")])
+def test_mutated_records_fail_cleanly(src, fixture):
+    """Wrong types anywhere give ConversionError/ValidationError, never a TypeError deep inside."""
+    import random
+
+    from pydantic import ValidationError
+
+    from trajtune.validate import validate_trajectory
+
+    rng = random.Random(1234)
+    recs = rows(fixture)
+    converted = 0
+    for _ in range(300):
+        r = json.loads(json.dumps(rng.choice(recs)))
+        for _ in range(rng.randint(1, 3)):
+            _mutate(r, rng)
+        try:
+            t, _ = get_format(src).to_ir(r)
+        except (ConversionError, ValidationError):
+            continue
+        converted += 1
+        validate_trajectory(t)
+        for dst in ("openai", "adp", "sharegpt", "xlam", "react", "hermes"):
+            get_format(dst).from_ir(t)
+    assert converted > 0

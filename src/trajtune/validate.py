@@ -446,6 +446,10 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
             first = e.errors()[0]
             yield _finding("E111", f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}", **loc)
             continue
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:  # converter bug: still locate it
+            yield _finding("E110", f"converter {fmt_name} failed: {type(e).__name__}: {e}",
+                           hint="this record has an unexpected shape; please report it", **loc)
+            continue
         for w in rep.warnings:
             yield _finding("W109", w, **loc)
         found = validate_trajectory(traj, file=file, line=ln.lineno, export_format=export_format, sft=sft)

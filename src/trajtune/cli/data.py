@@ -286,10 +286,10 @@ def stats(
                     has = True
                     tools[c.name] += 1
             with_calls += has
-            bad_args = {(f.message_index, f.rule) for f in validate_trajectory(traj, sft=False)
-                        if f.rule in ("E220", "E221", "W222", "W223")}
+            # one finding per call for these rules, so counts are calls
+            by_rule = Counter(f.rule for f in validate_trajectory(traj, sft=False)
+                              if f.rule in ("E220", "E221", "W222", "W223"))
             n_calls = sum(len(m.tool_calls or []) for m in traj.messages)
-            by_rule = Counter(r for _, r in bad_args)
             arg_status["invalid_json_or_type"] += by_rule["E220"] + by_rule["E221"]
             arg_status["double_encoded"] += by_rule["W222"]
             arg_status["schema_violation"] += by_rule["W223"]

@@ -205,6 +205,10 @@ def iter_records(path: str | os.PathLike[str], format: str | None = None, skip_i
                 loc = ".".join(str(x) for x in first["loc"])
                 err = RecordError(path, ln.lineno, f"{loc}: {first['msg']}", rule="E111", record_id=_record_id(ln.value),
                                   hint="a field has the wrong type for the IR; fix the source record")
+            except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+                # A converter bug on odd input must still name the line instead of killing a long run.
+                err = RecordError(path, ln.lineno, f"converter {name} failed: {type(e).__name__}: {e}", rule="E110",
+                                  record_id=_record_id(ln.value), hint="this record has an unexpected shape; please report it")
         if err is not None:
             if not skip_invalid:
                 raise err

@@ -126,7 +126,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         if not isinstance(it, dict):
             raise ConversionError(f"{where}: expected an object, got {type(it).__name__}", rule="E111")
         cls = it.get("class_")
-        if cls not in _MAPPED:
+        if not isinstance(cls, str) or cls not in _MAPPED:
             raise ConversionError(f"{where}: unknown class_ {cls!r}", rule="E111",
                                   hint=f"ADP classes: {', '.join(sorted(_MAPPED))}")
         mx: dict[str, Any] = {"class_": cls}

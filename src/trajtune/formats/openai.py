@@ -177,7 +177,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         if not isinstance(m, dict):
             raise ConversionError(f"{where}: expected an object, got {type(m).__name__}", rule="E111")
         role = m.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise ConversionError(f"{where}: invalid role {role!r}", rule="E203",
                                   hint="roles are system, developer, user, assistant, tool (or legacy function)")
         mx: dict[str, Any] = {}

@@ -125,7 +125,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
                 messages.append(msg)
             pending = []
             continue
-        role = _ROLE.get(frm)
+        role = _ROLE.get(frm) if isinstance(frm, str) else None
         if role is None:
             raise ConversionError(f"{where}: unknown 'from' value {frm!r}", rule="E203",
                                   hint="use human, gpt, function_call, observation or system")
