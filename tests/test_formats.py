@@ -503,3 +503,32 @@ def test_mutated_records_fail_cleanly(src, fixture):
         for dst in ("openai", "adp", "sharegpt", "xlam", "react", "hermes"):
             get_format(dst).from_ir(t)
     assert converted > 0
+
+
+PAIR_LOSSES = [
+    # (source format, fixture line, target, losses that must be declared) — from each format's capabilities
+    ("adp", 0, "openai", {"thought", "code_action"}),                      # descriptions, code_action class
+    ("adp", 1, "openai", {"thought", "web_observation", "image_path", "observation_source"}),
+    ("adp", 2, "sharegpt", {"thought", "reasoning_content", "call_ids", "reward", "message_reward", "metadata"}),
+    ("adp", 2, "react", {"reasoning_content", "reward", "tools", "call_ids"}),
+    ("adp", 0, "react", {"code_language"}),
+    ("openai", 0, "adp", {"system_role", "message_grouping"}),
+    ("openai", 2, "sharegpt", {"non_text_content", "train_flags", "metadata", "extra.openai"}),
+    ("openai", 4, "xlam", {"invalid_arguments", "reasoning_content", "custom_input"}),
+    ("hermes", 0, "openai", set()),                                        # reasoning_content has a key there
+    ("hermes", 0, "sharegpt", {"reasoning_content"}),
+    ("react", 0, "openai", {"train_flags"}),                               # loss=false on user turns
+    ("react", 0, "hermes", {"train_flags", "custom_input"}),
+    ("xlam", 0, "sharegpt", {"call_ids"}),
+]
+
+
+@pytest.mark.parametrize("src,idx,dst,must", PAIR_LOSSES)
+def test_pairwise_declared_losses(src, idx, dst, must):
+    fixture = {"adp": "adp_golden.jsonl", "openai": "openai_golden.jsonl", "hermes": "hermes.jsonl",
+               "react": "react.jsonl", "xlam": "xlam.jsonl"}[src]
+    t = ir(src, rows(fixture)[idx])
+    _, rep = get_format(dst).from_ir(t)
+    assert must <= set(rep.losses), f"{src}->{dst}: missing {must - set(rep.losses)} (declared {rep.losses})"
+    if not must:
+        assert rep.losses == []

@@ -27,7 +27,6 @@ from trajtune.schema import (
     RecordError,
     ToolCall,
     Trajectory,
-    WebPart,
 )
 
 

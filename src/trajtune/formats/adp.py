@@ -8,6 +8,7 @@ canonical JSON. v1 has no call ids: observations answer calls by position, so id
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from trajtune.formats._base import foreign_extra_losses, ConversionError, ConversionReport, arguments_dict, content_id, ns
@@ -17,7 +18,6 @@ from trajtune.schema import (
     ImagePart,
     JsonPart,
     Message,
-    PassthroughPart,
     Provenance,
     TextPart,
     ToolCall,
@@ -251,7 +251,6 @@ def _text_of(content: Any, report: ConversionReport) -> str | None:
         if isinstance(p, TextPart):
             out.append(p.text)
         elif isinstance(p, JsonPart):
-            import json
             out.append(json.dumps(p.data, ensure_ascii=False))
             report.lose("json_part")
         else:

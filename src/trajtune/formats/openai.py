@@ -7,6 +7,7 @@ string) is parked under ``extra["openai"]`` and restored on export.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from trajtune.formats._base import (
@@ -296,7 +297,6 @@ def _part_from_ir(p: Any, report: ConversionReport) -> Any:
         head = f"URL: {p.url}\n" if p.url else ""
         return {"type": "text", "text": head + body}
     if isinstance(p, JsonPart):
-        import json
         report.lose("json_part")
         return {"type": "text", "text": json.dumps(p.data, ensure_ascii=False)}
     if isinstance(p, PassthroughPart):
@@ -326,7 +326,6 @@ def _call_from_ir(c: ToolCall, report: ConversionReport) -> dict[str, Any]:
             fn["arguments"] = c.arguments
         elif not f.get("arguments_absent"):
             if c.arguments is None and c.arguments_raw is None and c.code is not None:
-                import json
                 fn["arguments"] = json.dumps({"code": c.code.source, "language": c.code.language}, ensure_ascii=False)
             elif c.arguments is None and c.arguments_raw is None and c.input is not None:
                 fn["arguments"] = c.input
