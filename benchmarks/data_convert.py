@@ -106,7 +106,9 @@ def main() -> None:
                 sys.exit(f"{ph} failed:\n{proc.stderr}")
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     report = {"n": args.n, "input_mib": round(size_mib, 1), "generate_seconds": round(gen_s, 1),
-              "python": sys.version.split()[0], "cpus": os.cpu_count(), "results": results}
+              "python": sys.version.split()[0], "cpus": os.cpu_count(),
+              "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # shared machines: read throughput with this
+              "results": results}
     print(f"input: {args.n} records, {size_mib:.1f} MiB (generated in {gen_s:.1f}s)")
     print(f"{'phase':<14}{'records':>10}{'seconds':>10}{'records/s':>12}{'peak RSS MiB':>14}")
     for r in results:
