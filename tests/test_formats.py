@@ -458,12 +458,16 @@ def test_sharegpt_export_groups_consecutive_calls_and_results():
 ODD_VALUES = [None, 0, 1.5, True, "", "x", [], {}, [1], {"a": 1}, '{"a":1}', -1]
 
 
+def _odd(rng):
+    return json.loads(json.dumps(rng.choice(ODD_VALUES)))  # a fresh copy: shared values could form cycles
+
+
 def _mutate(obj, rng) -> None:
     if isinstance(obj, dict) and obj:
         k = rng.choice(list(obj))
         r = rng.random()
         if r < 0.5:
-            obj[k] = rng.choice(ODD_VALUES)
+            obj[k] = _odd(rng)
         elif r < 0.75:
             del obj[k]
         else:
@@ -471,7 +475,7 @@ def _mutate(obj, rng) -> None:
     elif isinstance(obj, list) and obj:
         i = rng.randrange(len(obj))
         if rng.random() < 0.5:
-            obj[i] = rng.choice(ODD_VALUES)
+            obj[i] = _odd(rng)
         else:
             _mutate(obj[i], rng)
 
@@ -532,3 +536,10 @@ def test_pairwise_declared_losses(src, idx, dst, must):
     assert must <= set(rep.losses), f"{src}->{dst}: missing {must - set(rep.losses)} (declared {rep.losses})"
     if not must:
         assert rep.losses == []
+
+
+def test_adp_v1_export_format_registered():
+    t = ir("adp", rows("adp_golden.jsonl")[2])  # ADP 1.2.0 with ids, reasoning, rewards
+    rec, rep = get_format("adp-v1").from_ir(t)
+    assert "schema_version" not in rec and "tools" not in rec
+    assert {"call_ids", "reasoning_content", "reward", "tools"} <= set(rep.losses)

@@ -264,3 +264,9 @@ def test_converter_warnings_surface(tmp_path):
     p = FIX / "hermes.jsonl"
     found = validate_file(p)
     assert [f.rule for f in found if f.line == 2].count("W109") == 2
+
+
+def test_surrogates_in_built_trajectories():
+    t = traj(Message(role="user", content="bad \ud800"), A_END)
+    (f,) = [f for f in validate_trajectory(t) if f.rule == "E240"]
+    assert "messages[0].content" in f.message

@@ -285,10 +285,17 @@ def _content_ok(m: Message) -> str | None:
 
 
 def validate_trajectory(traj: Trajectory, *, file: str | None = None, line: int | None = None,
-                        export_format: str | None = None, sft: bool = True) -> list[Finding]:
-    """All IR-level rules on one trajectory (input-level rules live in :func:`iter_findings`)."""
+                        export_format: str | None = None, sft: bool = True, check_strings: bool = True) -> list[Finding]:
+    """All IR-level rules on one trajectory (input-level rules live in :func:`iter_findings`).
+
+    ``check_strings`` walks every string for lone surrogates (E240); file validation does that on
+    the raw record instead, where the JSON path is more useful, and turns it off here.
+    """
     out: list[Finding] = []
     base = {"file": file, "line": line, "trajectory_id": traj.id}
+    if check_strings:
+        for p in find_surrogates(traj.model_dump(mode="python"), "$"):
+            out.append(_finding("E240", f"lone surrogate in {p}", **base))
     if not traj.id or not traj.id.strip():
         out.append(_finding("E201", "trajectory id is empty", **base))
     calls: dict[str, tuple[int, ToolCall]] = {}
@@ -451,7 +458,8 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
             continue
         for w in rep.warnings:
             yield _finding("W109", w, **loc)
-        found = validate_trajectory(traj, file=file, line=ln.lineno, export_format=export_format, sft=sft)
+        found = validate_trajectory(traj, file=file, line=ln.lineno, export_format=export_format, sft=sft,
+                                    check_strings=False)
         if not bad and not any(f.severity == "E" for f in found):
             stats["valid"] += 1
         yield from found

@@ -5,6 +5,11 @@ Each format is a module (or any object) with ``to_ir(record, *, line=None)`` and
 ``detect(record) -> float`` (0..1 confidence) for auto-detection. Register new formats with
 :func:`register_format`; the rest of trajtune (training configs, ``trajtune data``) only calls
 :func:`load_any` / :func:`get_format`, so a new module needs no other wiring.
+
+Built-in modules listed in ``_BUILTIN`` are registered on first use under their ``NAME`` (plus any
+``EXTRA_FORMATS`` they define); a listed module that does not exist yet (e.g. ``bfcl``) is skipped.
+Converters raise :class:`ConversionError` (with a rule id from ``trajtune.validate``) for records
+that do not fit, and never repair data silently: repairs go into ``ConversionReport.warnings``.
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ def _ensure_builtins() -> None:
             raise
         if callable(getattr(m, "to_ir", None)):
             register_format(getattr(m, "NAME", mod), m)
+        for extra_name, obj in getattr(m, "EXTRA_FORMATS", {}).items():
+            register_format(extra_name, obj)
 
 
 def list_formats() -> list[str]:

@@ -456,3 +456,21 @@ def _assistant_items(m: Message, mx: dict[str, Any], v1: bool, reward: Any, repo
     if items:
         items[0].update(mx.get("keys", {}))
     return items
+
+
+class _ADPv1Export:
+    """``--to adp-v1``: ADP without ids, schema_version, reasoning or rewards (declared as losses)."""
+
+    NAME = "adp-v1"
+
+    @staticmethod
+    def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
+        return to_ir(record, line=line)
+
+    @staticmethod
+    def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:
+        return from_ir(traj, version="1")
+
+
+# Extra registry entries this module provides (picked up by trajtune.formats).
+EXTRA_FORMATS = {"adp-v1": _ADPv1Export()}
