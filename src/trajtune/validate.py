@@ -425,7 +425,7 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
             continue
         rid = obj.get("id", obj.get("unique_trajectory_id"))
         loc["trajectory_id"] = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
-        bad = find_surrogates(obj)
+        bad = find_surrogates(obj) if ln.maybe_surrogate else []
         for p in bad:
             yield _finding("E240", f"lone surrogate in {p}", **loc)
         if fmt is None:

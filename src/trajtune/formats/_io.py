@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 DEFAULT_MAX_LINE_BYTES = 32 * 1024 * 1024  # a trajectory this big cannot be trained on anyway
 _CHUNK = 1024 * 1024
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -33,6 +35,9 @@ class Line:
     value: Any = None
     problem: LineProblem | None = None
     bom: bool = False
+    # True when the text holds a \\uD800-\\uDFFF escape: only then can a parsed string hold a
+    # lone surrogate, so the (costly) walk over every string is skipped for all other lines.
+    maybe_surrogate: bool = False
 
 
 def iter_json_lines(path: str | os.PathLike[str], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Line]:
@@ -85,7 +90,7 @@ def iter_json_lines(path: str | os.PathLike[str], max_line_bytes: int = DEFAULT_
                 yield Line(lineno, bom=bom, problem=LineProblem(
                     "E101", "invalid JSON: nesting too deep", "flatten the record"))
                 continue
-            yield Line(lineno, value=value, bom=bom)
+            yield Line(lineno, value=value, bom=bom, maybe_surrogate=_SURROGATE_ESCAPE.search(text) is not None)
 
 
 def _read_line(f: Any, max_line_bytes: int) -> tuple[bytes | None, bool]:
