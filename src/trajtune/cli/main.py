@@ -5,6 +5,11 @@ from __future__ import annotations
 import typer
 
 from trajtune import __version__
+from trajtune.cli import run as _run
+from trajtune.cli.data import data_app
+from trajtune.cli.doctor import doctor_cmd
+from trajtune.cli.envs import envs_app
+from trajtune.cli.generate import generate
 
 app = typer.Typer(
     name="trajtune",
@@ -13,11 +18,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-from trajtune.cli.envs import envs_app  # noqa: E402
-
-app.add_typer(envs_app, name="envs")
 
 
 @app.callback()
@@ -34,11 +34,12 @@ def version() -> None:
     typer.echo(__version__)
 
 
-from trajtune.cli import run as _run  # noqa: E402
-
 _run.register(app)
-from trajtune.cli.doctor import doctor_cmd  # noqa: E402
 app.command("doctor")(doctor_cmd)
+data_app.command("generate")(generate)
+app.add_typer(data_app, name="data",
+              help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
+app.add_typer(envs_app, name="envs")
 
 
 def main() -> None:

@@ -1,0 +1,549 @@
+"""`trajtune data …`: validate, convert, inspect, mix, split and dedup trajectory files.
+
+Commands are thin: the logic lives in ``trajtune.formats`` and ``trajtune.validate``. Every command
+streams its input, writes outputs atomically and refuses to replace an existing output without
+``--overwrite``. User errors end with a one-line message and a non-zero exit, never a traceback.
+(A ``generate`` command — synthesising trajectories from environments — is added by another module.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import statistics
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from trajtune.formats import FormatDetectionError, LoadStats, canonical_json, get_format, iter_records
+from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES
+from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
+
+data_app = typer.Typer(
+    help="Validate, convert and prepare trajectory datasets.\n\nExample: trajtune data validate data.jsonl",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+FromOpt = typer.Option(None, "--from", "-f", help="Input format (auto-detected from the first record when omitted).")
+OverwriteOpt = typer.Option(False, "--overwrite", help="Replace an existing output file.")
+SkipOpt = typer.Option(False, "--skip-invalid", help="Skip invalid records (counted and reported) instead of stopping.")
+MaxLineOpt = typer.Option(DEFAULT_MAX_LINE_BYTES // (1024 * 1024), "--max-line-mb", help="Longest accepted line, in MiB.")
+
+
+def _fail(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn expected user errors into one-line messages (no tracebacks)."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except RecordError as e:
+        _fail(str(e))
+    except FileExistsError as e:
+        _fail(str(e).strip("'\""))
+    except FileNotFoundError as e:
+        _fail(f"{e.filename or e}: no such file" if e.filename else str(e))
+    except IsADirectoryError as e:
+        _fail(f"{e.filename}: is a directory")
+    except FormatDetectionError as e:
+        _fail(str(e))
+    except KeyError as e:
+        _fail(str(e.args[0]) if e.args else str(e))
+    except ValueError as e:
+        _fail(str(e))
+
+
+def _check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
+    if out.exists() and not overwrite:
+        _fail(f"{out} exists; pass --overwrite to replace it")
+    for i in inputs:
+        if i.exists() and out.exists() and i.resolve() == out.resolve():
+            _fail(f"output {out} is also an input; write to a new file")
+
+
+def _exporter(to: str) -> Callable[[Trajectory], tuple[Any, Any]]:
+    return get_format(to).from_ir
+
+
+def _print_skips(stats: LoadStats, label: str = "") -> None:
+    if stats.skipped:
+        rules = ", ".join(f"{r}×{n}" for r, n in sorted(stats.by_rule.items()))
+        typer.echo(f"skipped {stats.skipped} invalid record(s){label} ({rules})", err=True)
+        for e in stats.errors[:5]:
+            typer.echo(f"  {e}", err=True)
+        if stats.skipped > 5:
+            typer.echo(f"  … {stats.skipped - 5} more", err=True)
+
+
+# ----------------------------------------------------------------------------------- validate
+
+
+@data_app.command()
+def validate(
+    files: list[Path] = typer.Argument(..., help="JSONL files to check."),
+    format: Optional[str] = FromOpt,
+    strict: bool = typer.Option(False, "--strict", help="Also fail (exit 1) on warnings."),
+    as_json: bool = typer.Option(False, "--json", help="Print findings as JSON instead of a table."),
+    export_format: Optional[str] = typer.Option(None, "--for", help="Target the data is meant for (e.g. openai): tightens order rules."),
+    no_sft: bool = typer.Option(False, "--no-sft", help="Do not warn when a record does not end with an assistant turn."),
+    max_rows: int = typer.Option(200, "--max-rows", help="Most findings shown in the table (all are counted)."),
+    max_line_mb: int = MaxLineOpt,
+) -> None:
+    """Check trajectory files against the FORMATS.md rules; exit 1 on any error.
+
+    Example: trajtune data validate train.jsonl --strict
+    """
+    from trajtune.validate import iter_findings
+
+    report: list[dict[str, Any]] = []
+    rows: list[Any] = []
+    any_bad = False
+    with _user_errors():
+        if format:
+            get_format(format)
+        for path in files:
+            if not path.is_file():
+                _fail(f"{path}: no such file", 2)
+            stats: dict[str, int] = {}
+            counts = Counter()
+            findings = []
+            for f in iter_findings(path, format, export_format=export_format, sft=not no_sft,
+                                   max_line_bytes=max_line_mb * 1024 * 1024, stats=stats):
+                counts[f.severity] += 1
+                if as_json:
+                    findings.append(f.to_dict())
+                elif len(rows) < max_rows:
+                    rows.append(f)
+            bad = counts["E"] > 0 or (strict and counts["W"] > 0)
+            any_bad |= bad
+            report.append({"file": str(path), "records": stats.get("records", 0), "valid": stats.get("valid", 0),
+                           "errors": counts["E"], "warnings": counts["W"], "ok": not bad, "findings": findings})
+    if as_json:
+        typer.echo(json.dumps({"ok": not any_bad, "files": report}, ensure_ascii=False, indent=1))
+    else:
+        _print_findings_table(rows, report, max_rows)
+    if any_bad:
+        raise typer.Exit(1)
+
+
+def _print_findings_table(rows: list[Any], report: list[dict[str, Any]], max_rows: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(soft_wrap=False, width=max(120, Console().width))
+    if rows:
+        t = Table(show_lines=False, header_style="bold")
+        for col in ("sev", "rule", "location", "trajectory", "msg", "problem", "fix"):
+            t.add_column(col, overflow="fold")
+        for f in rows:
+            t.add_row("[red]E[/red]" if f.severity == "E" else "[yellow]W[/yellow]", f"{f.rule} {f.name}",
+                      f"{f.file}:{f.line}" if f.line is not None else str(f.file), f.trajectory_id or "",
+                      "" if f.message_index is None else str(f.message_index), f.message, f.hint)
+        console.print(t)
+    total = sum(r["errors"] + r["warnings"] for r in report)
+    if total > len(rows) and rows:
+        console.print(f"(showing {len(rows)} of {total} findings; use --json for all)")
+    for r in report:
+        status = "[green]ok[/green]" if r["ok"] else "[red]FAILED[/red]"
+        console.print(f"{r['file']}: {r['records']} records, {r['valid']} valid, {r['errors']} errors, "
+                      f"{r['warnings']} warnings — {status}")
+
+
+# ----------------------------------------------------------------------------------- convert
+
+
+@data_app.command()
+def convert(
+    input: Path = typer.Argument(..., help="Input JSONL file."),
+    output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file (written atomically)."),
+    to: str = typer.Option(..., "--to", "-t", help="Output format: ir, openai, adp, sharegpt, xlam, react, hermes, …"),
+    format: Optional[str] = FromOpt,
+    skip_invalid: bool = SkipOpt,
+    overwrite: bool = OverwriteOpt,
+    max_line_mb: int = MaxLineOpt,
+) -> None:
+    """Convert a trajectory file between formats, declaring what each conversion loses.
+
+    Example: trajtune data convert agent.jsonl --from sharegpt --to openai -o agent.openai.jsonl
+    """
+    with _user_errors():
+        if not input.is_file():
+            _fail(f"{input}: no such file", 2)
+        _check_output(output, overwrite, [input])
+        export = _exporter(to)
+        if format:
+            get_format(format)
+        stats = LoadStats()
+        losses = Counter()
+        warnings = 0
+        with AtomicJsonlWriter(output, overwrite=overwrite) as w:
+            for _, traj, rep in iter_records(input, format, skip_invalid=skip_invalid, stats=stats,
+                                             max_line_bytes=max_line_mb * 1024 * 1024):
+                rec, rep2 = export(traj)
+                for loss in rep2.losses:
+                    losses[loss] += 1
+                warnings += len(rep.warnings) + len(rep2.warnings)
+                w.write(rec)
+    typer.echo(f"converted {w.count} record(s) {stats.format} -> {to}: {output}")
+    if stats.losses or losses:
+        all_losses = stats.losses + losses
+        typer.echo("declared losses (records affected): " + ", ".join(f"{k}={v}" for k, v in sorted(all_losses.items())))
+    if warnings:
+        typer.echo(f"{warnings} conversion warning(s); run `trajtune data validate` for details")
+    _print_skips(stats)
+
+
+# ----------------------------------------------------------------------------------- stats
+
+
+def _percentile(xs: list[int], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _token_length(tok: Any, traj: Trajectory) -> int:
+    """Tokens of the trajectory as the model would see it; falls back to plain text without a template."""
+    msgs: list[dict[str, Any]] = []
+    for m in traj.messages:
+        d: dict[str, Any] = {"role": m.role, "content": m.text()}
+        if m.tool_calls:
+            d["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments or {}}}
+                               for c in m.tool_calls]
+        msgs.append(d)
+    if getattr(tok, "chat_template", None):
+        try:
+            ids = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=True)
+            if isinstance(ids, dict):
+                ids = ids["input_ids"]
+            return len(ids)
+        except Exception:  # a template that rejects this shape: count the plain text instead
+            pass
+    text = "\n".join(filter(None, [m.thought or "" for m in traj.messages] + [m["content"] for m in msgs] +
+                            [json.dumps(c["function"], ensure_ascii=False) for m in msgs for c in m.get("tool_calls", [])]))
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+@data_app.command()
+def stats(
+    input: Path = typer.Argument(..., help="Input JSONL file."),
+    format: Optional[str] = FromOpt,
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenizer path (local) for token lengths."),
+    skip_invalid: bool = typer.Option(True, "--skip-invalid/--no-skip-invalid", help="Count invalid records instead of stopping."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
+    top: int = typer.Option(20, "--top", help="Tools shown in the usage histogram."),
+) -> None:
+    """Summarise a trajectory file: records, turns, tool usage, argument validity, token lengths.
+
+    Example: trajtune data stats train.jsonl --model ./tokenizer
+    """
+    from trajtune.validate import validate_trajectory
+
+    tok = None
+    with _user_errors():
+        if not input.is_file():
+            _fail(f"{input}: no such file", 2)
+        if model:
+            try:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(model)
+            except Exception as e:  # missing/invalid tokenizer is a user error
+                _fail(f"could not load tokenizer {model!r}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        ls = LoadStats()
+        roles = Counter()
+        tools = Counter()
+        arg_status = Counter()
+        turns: list[int] = []
+        msgs_per: list[int] = []
+        tokens: list[int] = []
+        with_calls = 0
+        for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+            msgs_per.append(len(traj.messages))
+            turns.append(sum(1 for m in traj.messages if m.role == "assistant"))
+            has = False
+            for m in traj.messages:
+                roles[m.role] += 1
+                for c in m.tool_calls or []:
+                    has = True
+                    tools[c.name] += 1
+            with_calls += has
+            # one finding per call for these rules, so counts are calls
+            by_rule = Counter(f.rule for f in validate_trajectory(traj, sft=False)
+                              if f.rule in ("E220", "E221", "W222", "W223"))
+            n_calls = sum(len(m.tool_calls or []) for m in traj.messages)
+            arg_status["invalid_json_or_type"] += by_rule["E220"] + by_rule["E221"]
+            arg_status["double_encoded"] += by_rule["W222"]
+            arg_status["schema_violation"] += by_rule["W223"]
+            arg_status["calls"] += n_calls
+            if tok is not None:
+                tokens.append(_token_length(tok, traj))
+    n = len(msgs_per)
+    out: dict[str, Any] = {
+        "file": str(input), "format": ls.format, "records": n, "invalid_records": ls.skipped,
+        "invalid_by_rule": dict(ls.by_rule),
+        "messages": {"total": sum(msgs_per), "mean": round(statistics.fmean(msgs_per), 2) if n else 0, "by_role": dict(roles)},
+        "assistant_turns": {"mean": round(statistics.fmean(turns), 2) if n else 0, "max": max(turns, default=0)},
+        "records_with_tool_calls": with_calls,
+        "tool_calls": arg_status["calls"],
+        "tool_usage": dict(tools.most_common(top)),
+        "arguments": {"calls": arg_status["calls"], "invalid": arg_status["invalid_json_or_type"],
+                      "double_encoded": arg_status["double_encoded"], "schema_violations": arg_status["schema_violation"]},
+    }
+    if tok is not None:
+        out["tokens"] = {"min": min(tokens, default=0), "mean": round(statistics.fmean(tokens), 1) if tokens else 0,
+                         "p50": _percentile(tokens, 0.5), "p95": _percentile(tokens, 0.95), "max": max(tokens, default=0),
+                         "total": sum(tokens)}
+    if as_json:
+        typer.echo(json.dumps(out, ensure_ascii=False, indent=1))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(100, Console().width))
+    t = Table(title=f"{input} ({ls.format})", show_header=False)
+    t.add_column("k")
+    t.add_column("v")
+    t.add_row("records", f"{n} (+{ls.skipped} invalid)" if ls.skipped else str(n))
+    t.add_row("messages", f"{out['messages']['total']} (mean {out['messages']['mean']}/record) " +
+              ", ".join(f"{k}={v}" for k, v in sorted(roles.items())))
+    t.add_row("assistant turns", f"mean {out['assistant_turns']['mean']}, max {out['assistant_turns']['max']}")
+    t.add_row("tool calls", f"{arg_status['calls']} in {with_calls} records")
+    a = out["arguments"]
+    t.add_row("arguments", f"invalid {a['invalid']}, double-encoded {a['double_encoded']}, schema violations {a['schema_violations']}")
+    if tok is not None:
+        tk = out["tokens"]
+        t.add_row("tokens", f"min {tk['min']}, mean {tk['mean']}, p50 {tk['p50']:.0f}, p95 {tk['p95']:.0f}, max {tk['max']}")
+    console.print(t)
+    if tools:
+        h = Table(title="tool usage")
+        h.add_column("tool")
+        h.add_column("calls", justify="right")
+        h.add_column("")
+        peak = max(tools.values())
+        for name, c in tools.most_common(top):
+            h.add_row(name, str(c), "█" * max(1, round(30 * c / peak)))
+        console.print(h)
+
+
+# ----------------------------------------------------------------------------------- mix
+
+
+def _parse_source(spec: str) -> tuple[Path, float]:
+    path, sep, w = spec.rpartition(":")
+    if not sep or not path:
+        raise ValueError(f"source {spec!r} must be PATH:WEIGHT, e.g. a.jsonl:0.7")
+    try:
+        weight = float(w)
+    except ValueError:
+        raise ValueError(f"weight {w!r} in {spec!r} is not a number") from None
+    if not weight > 0:
+        raise ValueError(f"weight in {spec!r} must be > 0")
+    return Path(path), weight
+
+
+@data_app.command()
+def mix(
+    sources: list[str] = typer.Argument(..., help="Sources as PATH:WEIGHT (weights are normalised)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (same seed + inputs = same output)."),
+    n: Optional[int] = typer.Option(None, "--n", help="Records to write (default: the most the weights allow without repeats)."),
+    replace: bool = typer.Option(False, "--replace", help="Sample with replacement when a source is too small for --n."),
+    to: str = typer.Option("ir", "--to", "-t", help="Output format."),
+    format: Optional[str] = FromOpt,
+    skip_invalid: bool = SkipOpt,
+    overwrite: bool = OverwriteOpt,
+) -> None:
+    """Mix several datasets with weights (FireAct-style multi-method / multi-task mixing).
+
+    Example: trajtune data mix react.jsonl:0.7 cot.jsonl:0.3 -o mixed.jsonl --seed 1
+    """
+    with _user_errors():
+        parsed = [_parse_source(s) for s in sources]
+        for p, _ in parsed:
+            if not p.is_file():
+                _fail(f"{p}: no such file", 2)
+        _check_output(output, overwrite, [p for p, _ in parsed])
+        export = _exporter(to)
+        total_w = sum(w for _, w in parsed)
+        # pass 1: count valid records per source (streaming)
+        counts = []
+        for p, _ in parsed:
+            ls = LoadStats()
+            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls)))
+            _print_skips(ls, f" in {p}")
+        if n is None:
+            n = min(int(c * total_w / w) for c, (_, w) in zip(counts, parsed))
+        rng = random.Random(seed)
+        chosen: list[list[int]] = []
+        for c, (p, w) in zip(counts, parsed):
+            k = round(n * w / total_w)
+            if k > c and not replace:
+                _fail(f"{p} has {c} records but {k} are needed for --n {n}; lower --n or pass --replace")
+            if c == 0 and k > 0:
+                _fail(f"{p} has no valid records")
+            idx = sorted(rng.choices(range(c), k=k)) if k > c else sorted(rng.sample(range(c), k))
+            chosen.append(idx)
+        picked: list[Trajectory] = []
+        for (p, _), idx in zip(parsed, chosen):
+            want = Counter(idx)
+            for i, (_, traj, _) in enumerate(iter_records(p, format, skip_invalid=skip_invalid, stats=LoadStats())):
+                for _ in range(want.get(i, 0)):
+                    t = traj.model_copy(deep=True)
+                    if t.provenance is not None and t.provenance.dataset is None:
+                        t.provenance.dataset = p.stem
+                    picked.append(t)
+        rng.shuffle(picked)
+        with AtomicJsonlWriter(output, overwrite=overwrite) as wtr:
+            for t in picked:
+                wtr.write(export(t)[0])
+    parts = ", ".join(f"{p.name}={len(i)}" for (p, _), i in zip(parsed, chosen))
+    typer.echo(f"mixed {wtr.count} record(s) ({parts}) -> {output}")
+
+
+# ----------------------------------------------------------------------------------- split
+
+
+def _bucket(key: str, seed: int) -> float:
+    h = hashlib.sha256(f"{seed}:{key}".encode("utf-8", "surrogatepass")).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+@data_app.command()
+def split(
+    input: Path = typer.Argument(..., help="Input JSONL file."),
+    out_dir: Path = typer.Option(..., "--out-dir", "-o", help="Directory for the split files (NAME.jsonl)."),
+    ratios: str = typer.Option("train=0.9,val=0.1", "--ratios", help="NAME=FRACTION,… (normalised)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the id hash."),
+    to: str = typer.Option("ir", "--to", "-t", help="Output format."),
+    format: Optional[str] = FromOpt,
+    skip_invalid: bool = SkipOpt,
+    overwrite: bool = OverwriteOpt,
+) -> None:
+    """Split a file by a seeded hash of each trajectory id: streaming and stable when data grows.
+
+    Example: trajtune data split all.jsonl -o splits/ --ratios train=0.8,val=0.1,test=0.1
+    """
+    with _user_errors():
+        parts: list[tuple[str, float]] = []
+        for item in ratios.split(","):
+            name, sep, frac = item.partition("=")
+            if not sep or not re.fullmatch(r"[\w.-]+", name.strip()):
+                _fail(f"bad --ratios entry {item!r}; use NAME=FRACTION")
+            try:
+                parts.append((name.strip(), float(frac)))
+            except ValueError:
+                _fail(f"bad fraction in {item!r}")
+        if any(f < 0 for _, f in parts) or sum(f for _, f in parts) <= 0:
+            _fail("fractions must be >= 0 and sum to more than 0")
+        if not input.is_file():
+            _fail(f"{input}: no such file", 2)
+        outs = [out_dir / f"{name}.jsonl" for name, _ in parts]
+        for o in outs:
+            _check_output(o, overwrite, [input])
+        export = _exporter(to)
+        total = sum(f for _, f in parts)
+        edges = []
+        acc = 0.0
+        for _, f in parts:
+            acc += f / total
+            edges.append(acc)
+        ls = LoadStats()
+        writers = [AtomicJsonlWriter(o, overwrite=overwrite) for o in outs]
+        try:
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+                b = _bucket(traj.id, seed)
+                k = next((i for i, e in enumerate(edges) if b < e), len(edges) - 1)
+                writers[k].write(export(traj)[0])
+        except BaseException:
+            for w in writers:
+                w.__exit__(RuntimeError, None, None)
+            raise
+        for w in writers:
+            w.__exit__(None, None, None)
+    typer.echo("split: " + ", ".join(f"{name}={w.count}" for (name, _), w in zip(parts, writers)) + f" -> {out_dir}")
+    _print_skips(ls)
+
+
+# ----------------------------------------------------------------------------------- dedup
+
+
+_WS = re.compile(r"\s+")
+
+
+def dedup_key(traj: Trajectory, mode: str) -> bytes:
+    """Hash of what makes two trajectories the same example (ids/provenance ignored)."""
+    if mode == "exact":
+        body = canonical_json({"messages": [m.model_dump(mode="json", exclude_none=True) for m in traj.messages],
+                               "tools": [t.model_dump(mode="json", exclude={"raw", "extra"}) for t in traj.tools]})
+        # call ids are bookkeeping, not content
+        body = re.sub(r'"(id|tool_call_id)":"[^"]*"', "", body)
+    else:
+        parts = []
+        for m in traj.messages:
+            txt = _WS.sub(" ", (m.text() or "")).strip().lower()
+            calls = ";".join(f"{c.name}:{canonical_json(c.arguments) if c.arguments is not None else (c.arguments_raw or c.input or '')}"
+                             for c in m.tool_calls or [])
+            parts.append(f"{m.role}|{txt}|{calls.lower()}")
+        body = "\n".join(parts)
+    return hashlib.blake2b(body.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+@data_app.command()
+def dedup(
+    input: Path = typer.Argument(..., help="Input JSONL file."),
+    output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file."),
+    mode: str = typer.Option("normalized", "--mode", help="exact (same messages and calls) or normalized (case/whitespace-insensitive text)."),
+    to: str = typer.Option("ir", "--to", "-t", help="Output format."),
+    format: Optional[str] = FromOpt,
+    skip_invalid: bool = SkipOpt,
+    overwrite: bool = OverwriteOpt,
+) -> None:
+    """Drop duplicate trajectories, keeping the first occurrence (memory: 16 bytes per record).
+
+    Example: trajtune data dedup all.jsonl -o unique.jsonl --mode normalized
+    """
+    if mode not in ("exact", "normalized", "normalised"):
+        _fail(f"--mode must be exact or normalized, got {mode!r}")
+    mode = "normalized" if mode == "normalised" else mode
+    with _user_errors():
+        if not input.is_file():
+            _fail(f"{input}: no such file", 2)
+        _check_output(output, overwrite, [input])
+        export = _exporter(to)
+        seen: set[bytes] = set()
+        dropped = 0
+        ls = LoadStats()
+        with AtomicJsonlWriter(output, overwrite=overwrite) as w:
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+                k = dedup_key(traj, mode)
+                if k in seen:
+                    dropped += 1
+                    continue
+                seen.add(k)
+                w.write(export(traj)[0])
+    typer.echo(f"kept {w.count}, dropped {dropped} duplicate(s) ({mode}) -> {output}")
+    _print_skips(ls)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    data_app()
+    sys.exit(0)

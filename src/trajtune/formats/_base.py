@@ -1,0 +1,140 @@
+"""Pieces every converter shares: the loss report, argument parsing, canonical JSON.
+
+Kept apart from the converters so that each format module reads as a mapping table, and so the
+validator can reuse the exact same argument-parsing rules the converters apply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from trajtune.schema import Trajectory
+
+
+class ConversionError(ValueError):
+    """A record that a converter cannot map at all (wrong shape for the format).
+
+    Carries a rule id and a hint so the CLI and the validator can report it like any other finding.
+    """
+
+    def __init__(self, message: str, *, rule: str = "E110", hint: str | None = None, record_id: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.rule = rule
+        self.hint = hint
+        self.record_id = record_id
+
+
+@dataclass
+class ConversionReport:
+    """What a single conversion lost or had to repair.
+
+    ``losses`` are stable tokens (e.g. ``"call_ids"``, ``"reward"``) so tests and users can check
+    them; ``warnings`` are human sentences about repairs or suspicious input that was kept as-is.
+    """
+
+    source_format: str = ""
+    target_format: str = ""
+    losses: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def lose(self, what: str) -> None:
+        if what not in self.losses:
+            self.losses.append(what)
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def merge(self, other: "ConversionReport") -> "ConversionReport":
+        for x in other.losses:
+            self.lose(x)
+        for w in other.warnings:
+            self.warn(w)
+        return self
+
+
+@runtime_checkable
+class Format(Protocol):
+    """What a format must provide to be registered (a module or any object with these)."""
+
+    def to_ir(self, record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]: ...
+
+    def from_ir(self, traj: Trajectory) -> tuple[Any, ConversionReport]: ...
+
+
+def canonical_json(obj: Any) -> str:
+    """Key-order-independent JSON text, used for equality and hashing."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def content_id(prefix: str, record: Any, line: int | None = None) -> str:
+    """Deterministic id for records that carry none: stable across runs and machines."""
+    try:
+        text = json.dumps(record, sort_keys=True, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(record)
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{prefix}-{digest}"
+
+
+def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Map a source ``arguments`` value to the IR pair (arguments, arguments_raw).
+
+    Strings are kept verbatim in ``arguments_raw`` and parsed when they hold a JSON object; dicts
+    are taken as-is. Anything else (invalid JSON, a JSON list, a double-encoded string) leaves
+    ``arguments`` as None for the validator to report: converters never repair silently.
+    """
+    if isinstance(raw, dict):
+        return raw, None
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw)
+        except (json.JSONDecodeError, RecursionError):
+            return None, raw
+        return (parsed if isinstance(parsed, dict) else None), raw
+    if raw is None:
+        return None, None
+    # A list/number: keep its JSON text so nothing is lost, the validator flags it.
+    return None, json.dumps(raw, ensure_ascii=False)
+
+
+def arguments_text(arguments: dict[str, Any] | None, arguments_raw: str | None) -> str:
+    """The JSON string to export for formats whose arguments are strings: the original if any."""
+    if arguments_raw is not None:
+        return arguments_raw
+    return json.dumps(arguments if arguments is not None else {}, ensure_ascii=False)
+
+
+def arguments_dict(arguments: dict[str, Any] | None, arguments_raw: str | None, report: ConversionReport) -> dict[str, Any]:
+    """The dict to export for formats whose arguments are objects; unparsable raw text is a loss."""
+    if arguments is not None:
+        return arguments
+    if arguments_raw is not None:
+        report.lose("invalid_arguments")
+        report.warn(f"arguments {arguments_raw[:60]!r} are not a JSON object; exported as {{}}")
+    return {}
+
+
+def ns(extra: dict[str, Any], key: str) -> dict[str, Any]:
+    """The namespaced sub-dict of an ``extra`` (empty dict when absent; never mutates)."""
+    v = extra.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+# Keys in a format's ``extra`` namespace that carry source data (rather than null-vs-absent
+# bookkeeping). Only these make a foreign namespace count as a loss on export.
+_DATA_KEYS = {"keys", "top", "custom_keys", "function_keys", "arguments_value", "kwargs_value", "id_value",
+              "details_value", "image_observation_value", "source_value", "viewport_value", "raw_text", "fields"}
+
+
+def foreign_extra_losses(extra: dict[str, Any], own: str, report: ConversionReport) -> None:
+    """Declare ``extra.<ns>`` lost for other formats' namespaces that hold real source data."""
+    for k, v in extra.items():
+        if k == own:
+            continue
+        if not isinstance(v, dict) or any(key in _DATA_KEYS for key in v):
+            report.lose(f"extra.{k}")
