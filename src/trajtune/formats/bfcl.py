@@ -201,3 +201,40 @@ def answer_from_ir(traj: Trajectory) -> dict[str, Any] | None:
     if ref is None or not isinstance(ref.data, dict) or "ground_truth" not in ref.data:
         return None
     return {"id": traj.id, "ground_truth": copy.deepcopy(ref.data["ground_truth"])}
+
+
+class _RegisteredBFCL:
+    """The BFCL converter in the registry's shape: ``(value, ConversionReport)`` pairs and ``detect``.
+
+    A BFCL question file has no answers in it, so records converted through the registry carry
+    ``reference.data`` without ``ground_truth``; use ``load_bfcl`` for scored evaluation sets."""
+
+    name = "bfcl"
+
+    @staticmethod
+    def detect(record: Any) -> float:
+        if isinstance(record, dict) and isinstance(record.get("question"), list) and "function" in record:
+            return 0.9
+        return 0.0
+
+    @staticmethod
+    def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Any]:
+        from trajtune.formats._base import ConversionReport
+
+        if not isinstance(record, dict):
+            raise ValueError(f"a BFCL record must be a JSON object, got {type(record).__name__}")
+        return to_ir(record), ConversionReport(source_format="bfcl", target_format="ir")
+
+    @staticmethod
+    def from_ir(traj: Trajectory) -> tuple[dict[str, Any], Any]:
+        from trajtune.formats._base import ConversionReport
+
+        rep = ConversionReport(source_format="ir", target_format="bfcl")
+        if any(m.role in ("assistant", "tool") for m in traj.messages):
+            rep.lose("assistant_and_tool_turns")
+        if traj.reward is not None or traj.outcome is not None:
+            rep.lose("reward")
+        return from_ir(traj), rep
+
+
+EXTRA_FORMATS = {"bfcl": _RegisteredBFCL()}
