@@ -402,3 +402,24 @@ def test_cli_bfcl_with_tiny_model(tiny_dir, tmp_path):
     assert set(res["bfcl"]["categories"]) == {"simple_python", "irrelevance"}
     assert res["settings"]["parser"] == "hermes"  # detected from the tiny model's ChatML tool template
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 4
+
+
+def test_evaluate_on_rollout_episodes_with_the_tiny_model(tiny_dir, tmp_path):
+    """The in-training eval path (``evaluate`` -> rollout ``Episode``s) gets the same metrics,
+    categories from ``task.data["kind"]``, and ``write_eval`` still writes its two files."""
+    from trajtune.envs import make_env
+    from trajtune.eval.run import evaluate, write_eval
+    from trajtune.models.loading import load_model, load_tokenizer
+    from trajtune.rollout import RolloutConfig
+
+    tok, model = load_tokenizer(str(tiny_dir)), load_model(str(tiny_dir))
+    tasks = make_env("home").tasks("test", 3, seed=0)
+    ro = RolloutConfig(max_turns=2, max_new_tokens=8, temperature=0.0)
+    m, eps = evaluate(model, tok, lambda: make_env("home"), tasks, ro)
+    assert m["episodes"] == 3 and "tool_call_accuracy" in m
+    kinds = [t.data["kind"] for t in tasks]
+    assert {k: v["episodes"] for k, v in m["categories"].items()} == {k: kinds.count(k) for k in set(kinds)}
+    assert m["mean_turns"] == sum(e.turns for e in eps) / 3
+    path = write_eval(tmp_path, "x", m, eps)
+    assert json.loads(path.read_text())["metrics"]["episodes"] == 3
+    assert len((tmp_path / "x.episodes.jsonl").read_text().splitlines()) == 3
