@@ -423,3 +423,36 @@ def test_evaluate_on_rollout_episodes_with_the_tiny_model(tiny_dir, tmp_path):
     path = write_eval(tmp_path, "x", m, eps)
     assert json.loads(path.read_text())["metrics"]["episodes"] == 3
     assert len((tmp_path / "x.episodes.jsonl").read_text().splitlines()) == 3
+
+
+def test_cli_best_of_with_tiny_model(tiny_dir, tmp_path):
+    out = tmp_path / "bo"
+    r = _cli(["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "2", "--best-of", "2", "--verifier", "env",
+              "--temperature", "1.0", "--max-new-tokens", "8", "--max-turns", "1", "--k", "1", "--k", "2",
+              "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((out / "results.json").read_text())
+    bo = res["best_of"]
+    assert bo["verifier"] == "env" and bo["privileged"] is True and bo["n"] == 2
+    assert set(bo["selected"]) == {json.loads(x)["metadata"]["eval"]["task_id"]
+                                   for x in (out / "episodes.jsonl").read_text().splitlines()}
+    assert res["metrics"]["episodes"] == 4 and "pass@2" in res["metrics"]
+    # with the oracle verifier the selected success is pass@2 by construction
+    assert bo["selected_success"] == bo["pass@2"] == res["metrics"]["pass@2"]
+    bad = _cli(["eval", "--model", str(tiny_dir), "--env", "home", "--best-of", "2", "--verifier", "nope",
+                "--temperature", "1"])
+    assert bad.exit_code == 2 and "unknown verifier" in bad.output
+
+
+def test_hf_completion_context_overflow_is_a_failure(tiny_dir):
+    """A BFCL prompt longer than --max-length gets no answer: a failed item, even for irrelevance
+    (where answering nothing would otherwise count as correct)."""
+    from trajtune.eval.backends import HFBackend
+    from trajtune.models.loading import load_model, load_tokenizer
+
+    backend = HFBackend(load_model(str(tiny_dir)), load_tokenizer(str(tiny_dir)), max_length=64, max_new_tokens=4)
+    s = EvalSettings(model="tiny", benchmark="bfcl", categories=["simple", "irrelevance"], limit=1, max_length=64)
+    r = run_evaluation(s, backend)
+    m = r["metrics"]
+    assert m["terminations"] == {"context_overflow": 2} and m["success"] == 0.0
+    assert r["bfcl"]["categories"]["irrelevance"]["reasons"] == {"context_overflow": 1}

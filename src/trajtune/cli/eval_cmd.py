@@ -49,6 +49,7 @@ def eval_(
     max_length: Annotated[int, typer.Option(help="Token limit per episode.")] = 4096,
     batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 16,
     parser: Annotated[str, typer.Option(help="Tool-call parser; auto = from the model's chat template.")] = "auto",
+    device: Annotated[str, typer.Option(help="Where the model runs: auto (GPU if there is one), cpu, cuda, cuda:1, ...")] = "auto",
     env_arg: Annotated[Optional[list[str]], typer.Option("--env-arg", help="Environment argument key=value (repeatable).")] = None,
     seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for run.json, episodes.jsonl, results.json.")] = None,
@@ -74,7 +75,8 @@ def eval_(
         categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
         env_kwargs=_env_kwargs(env_arg), tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
-        max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, batch_size=batch_size, workers=workers)
+        max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
+        workers=workers)
     try:
         results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet)
     except ImportError as e:  # an optional benchmark package (bfcl-eval, textworld) is missing

@@ -57,6 +57,7 @@ class EvalSettings:
     max_new_tokens: int = 256
     max_length: int = 4096
     parser: str = "hermes"
+    device: str = "auto"
     batch_size: int = 16
     workers: int = 8
     step_timeout_s: float = 30.0
@@ -82,6 +83,7 @@ class EvalSettings:
                 raise ValueError(f"--best-of {self.best_of} draws {self.best_of} samples per task; --n {self.n} "
                                  "would contradict it (leave --n out)")
             self.verifier = self.verifier or "majority"
+            get_verifier(self.verifier)  # an unknown name fails now, not after the episodes ran
         elif self.verifier is not None:
             raise ValueError("--verifier selects among --best-of N candidates; give --best-of too")
         bad = [k for k in self.ks if k < 1 or k > self.samples]
@@ -231,11 +233,15 @@ def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: 
 
 
 def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = None,
-                   progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """Run (or finish) an evaluation and return its results; writes them through ``store`` if given."""
+                   progress: Callable[[int], None] | None = None,
+                   suites: list[Suite] | None = None) -> dict[str, Any]:
+    """Run (or finish) an evaluation and return its results; writes them through ``store`` if given.
+
+    ``suites`` (from ``build_suites(settings)``) may be passed when the caller built them already.
+    """
     settings.validate()
     verifier = get_verifier(settings.verifier) if settings.best_of else None
-    suites = build_suites(settings)
+    suites = suites if suites is not None else build_suites(settings)
     samples = settings.samples
     done: dict[tuple[str, int], Trajectory] = store.done if store is not None else {}
     keys = [(t.id, i) for s in suites for t in s.tasks for i in range(samples)]

@@ -28,7 +28,7 @@ RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.jsonl"
 RESULTS_FILE = "results.json"
 #: Settings that may differ between the interrupted run and its resume (they do not change results).
-RESUME_FREE = {"workers", "batch_size", "quiet", "step_timeout_s"}
+RESUME_FREE = {"workers", "batch_size", "quiet", "step_timeout_s", "device"}
 
 Key = tuple[str, int]
 
