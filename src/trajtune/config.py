@@ -175,6 +175,10 @@ class RLRunConfig(_RunBase):
         return v
 
 
+# Sections that accept a bare string as shorthand for one key.
+_SHORTHAND_KEYS = {"model": "name_or_path", "env": "name"}
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``a.b=c`` sets data['a']['b'] to YAML-parsed ``c``."""
     for ov in overrides:
@@ -193,6 +197,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             nxt = cur.get(p)
             if nxt is None:
                 nxt = cur[p] = {}
+            if isinstance(nxt, str) and p in _SHORTHAND_KEYS:  # "model: x" is short for {name_or_path: x}
+                nxt = cur[p] = {_SHORTHAND_KEYS[p]: nxt}
             if not isinstance(nxt, dict):
                 raise ConfigError(f"--set {ov!r}: {p!r} is not a section")
             cur = nxt

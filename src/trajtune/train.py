@@ -33,20 +33,28 @@ class RunDirError(FileExistsError):
     pass
 
 
-def prepare_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
-    """Refuse to clobber an existing run unless told: --overwrite replaces it, --resume continues it."""
+def check_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
+    """Refuse to clobber an existing run unless told: --overwrite replaces it, --resume continues it.
+
+    Called before any expensive or writing work, so a refused run leaves nothing behind."""
     p = Path(path)
     if overwrite and resume:
         raise RunDirError("--overwrite and --resume exclude each other")
-    if p.exists() and any(p.iterdir()):
-        if resume:
-            return p
-        if not overwrite:
-            raise RunDirError(f"output directory {p} already exists and is not empty; "
-                              "pass --overwrite to replace it or --resume to continue it")
-        shutil.rmtree(p)
-    elif resume:
+    exists = p.exists() and any(p.iterdir())
+    if exists and not (resume or overwrite):
+        raise RunDirError(f"output directory {p} already exists and is not empty; "
+                          "pass --overwrite to replace it or --resume to continue it")
+    if resume and not exists:
         raise RunDirError(f"--resume: {p} has no run to resume")
+    return p
+
+
+def prepare_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
+    p = check_run_dir(path, overwrite, resume)
+    if resume:
+        return p
+    if p.exists() and any(p.iterdir()):
+        shutil.rmtree(p)
     p.mkdir(parents=True, exist_ok=True)
     return p
 
@@ -96,6 +104,7 @@ def _write_common(out: Path, cfg: Any, kind: str) -> None:
 
 def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
             stop_after: int | None = None) -> dict[str, Any]:
+    check_run_dir(cfg.output_dir, overwrite, resume)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     renderer = ChatRenderer(tok, RenderConfig(train_on=cfg.data.train_on))
@@ -150,6 +159,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
 
 def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
            stop_after: int | None = None) -> dict[str, Any]:
+    check_run_dir(cfg.output_dir, overwrite, resume)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     renderer = ChatRenderer(tok)

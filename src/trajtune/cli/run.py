@@ -31,7 +31,7 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (ConfigError, RecordError, RenderError, ModelLoadError, FileExistsError, FileNotFoundError,
                 KeyError, ValueError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-            console.print(f"[bold red]error:[/bold red] {msg}", highlight=False)
+            console.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper

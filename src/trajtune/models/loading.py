@@ -26,6 +26,13 @@ class ModelLoadError(ValueError):
     pass
 
 
+def _quiet_transformers() -> None:
+    """trajtune draws its own progress bars; transformers' per-load bars would interleave with them."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or Path(name).expanduser().exists() or name.count("/") > 1
 
@@ -62,6 +69,7 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
     from transformers import AutoModelForCausalLM
 
     _check_source(name_or_path)
+    _quiet_transformers()
     torch_dtype: Any = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
                         "float16": torch.float16}[dtype]
     adapter_cfg = Path(name_or_path).expanduser() / "adapter_config.json"
