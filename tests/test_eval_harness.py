@@ -456,3 +456,20 @@ def test_hf_completion_context_overflow_is_a_failure(tiny_dir):
     m = r["metrics"]
     assert m["terminations"] == {"context_overflow": 2} and m["success"] == 0.0
     assert r["bfcl"]["categories"]["irrelevance"]["reasons"] == {"context_overflow": 1}
+
+
+def test_majority_votes_on_call_sets_for_bfcl_and_no_call_is_an_answer():
+    def cand(sample, calls, text=None, success=False):
+        msg = Message(role="assistant", origin="agent", content=text,
+                      tool_calls=[_call(n, a, f"c{i}") for i, (n, a) in enumerate(calls)] or None)
+        t = _traj("t", sample, success, messages=[Message(role="user", content="q"), msg])
+        t.outcome.final_answer = None
+        t.metadata["eval"]["vote_on"] = "calls"
+        return t
+
+    # two refusals worded differently and one wrong call: "no call" wins 2 to 1
+    c = [cand(0, [("f", {"a": 1})]), cand(1, [], "I can't.", True), cand(2, [], "No tool fits.", True)]
+    assert select(get_verifier("majority"), c) == 1
+    # the same calls in another order are the same answer
+    c = [cand(0, [("f", {"a": 1})]), cand(1, [("g", {}), ("f", {"a": 2})]), cand(2, [("f", {"a": 2}), ("g", {})])]
+    assert select(get_verifier("majority"), c) == 1

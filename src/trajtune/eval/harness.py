@@ -227,7 +227,8 @@ def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: 
             traj.reward = 0.0
             traj.metadata["bfcl_reason"] = "context_overflow"
         traj.metadata["bfcl_category"] = r.category
-        traj.metadata["eval"] = {"tool_calls": {"valid": int(valid), "total": 1, "unit": "bfcl_item"}}
+        traj.metadata["eval"] = {"tool_calls": {"valid": int(valid), "total": 1, "unit": "bfcl_item"},
+                                 "vote_on": "calls"}
         out.append(traj)
     return out
 

@@ -167,12 +167,18 @@ def answer_key(traj: Trajectory) -> str | None:
     The final text answer (lower-cased, whitespace collapsed) when the episode ends with one;
     otherwise the multiset of all the agent's tool calls (name + canonical JSON arguments, order
     ignored). ``None`` when the episode produced neither (nothing to vote for).
+
+    Where the answer *is* the call set (BFCL single-turn: the harness sets
+    ``metadata["eval"]["vote_on"] = "calls"``), the call multiset is the key, and "no call at
+    all" is an answer too (the right one for BFCL's irrelevance items).
     """
+    calls = sorted(json.dumps([c.name, c.arguments], sort_keys=True, default=str)
+                   for m in _agent_messages(traj) for c in (m.tool_calls or []))
+    if eval_meta(traj).get("vote_on") == "calls":
+        return "calls:" + json.dumps(calls)
     final = traj.outcome.final_answer if traj.outcome else None
     if final and final.strip():
         return "answer:" + _WS.sub(" ", final.strip().lower())
-    calls = sorted(json.dumps([c.name, c.arguments], sort_keys=True, default=str)
-                   for m in _agent_messages(traj) for c in (m.tool_calls or []))
     return "calls:" + json.dumps(calls) if calls else None
 
 
