@@ -28,7 +28,7 @@ from typing import Any
 
 from trajtune.envs.base import Environment, Task, make_env
 from trajtune.eval.backends import Backend
-from trajtune.eval.metrics import episode_stats, eval_meta, summarize
+from trajtune.eval.metrics import agent_messages, episode_stats, eval_meta, summarize
 from trajtune.eval.verifiers import best_of_report, get_verifier
 from trajtune.schema import Outcome, Trajectory
 
@@ -292,7 +292,7 @@ def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifi
             rows.append({"id": t.id, "category": st["category"], "valid": st["success"],
                          "reason": str(t.metadata.get("bfcl_reason", "ok" if st["success"] else "failed")),
                          "format_errors": st["format_errors"],
-                         "n_calls": sum(len(m.tool_calls or []) for m in t.messages if m.role == "assistant")})
+                         "n_calls": sum(len(m.tool_calls or []) for m in agent_messages(t))})
         out["bfcl"] = bfcl_report(rows)
     out["settings"] = settings.as_dict()
     return out

@@ -78,7 +78,7 @@ def category_of(item: Any) -> str | None:
     return None if cat is None else str(cat)
 
 
-def _agent_messages(traj: Trajectory) -> list[Message]:
+def agent_messages(traj: Trajectory) -> list[Message]:
     """The model's own turns: assistant messages marked ``origin="agent"`` (every trajtune runner
     marks them), so assistant messages that were part of the prompt are not counted; trajectories
     from elsewhere with no origins at all count every assistant message."""
@@ -131,7 +131,7 @@ def tool_call_counts(traj: Trajectory) -> tuple[int, int]:
         return int(verdict.get("valid", 0)), int(verdict["total"])
     tools = {t.name: t for t in traj.tools}
     valid = attempted = 0
-    for m in _agent_messages(traj):
+    for m in agent_messages(traj):
         attempted += len(parse_errors(m))
         for c in m.tool_calls or []:
             attempted += 1
@@ -142,7 +142,7 @@ def tool_call_counts(traj: Trajectory) -> tuple[int, int]:
 def episode_stats(item: Any) -> dict[str, Any]:
     """The per-episode numbers every aggregate is built from."""
     traj = trajectory_of(item)
-    msgs = _agent_messages(traj)
+    msgs = agent_messages(traj)
     valid, attempted = tool_call_counts(traj)
     return {
         "task": task_key(item),
@@ -173,7 +173,7 @@ def answer_key(traj: Trajectory) -> str | None:
     all" is an answer too (the right one for BFCL's irrelevance items).
     """
     calls = sorted(json.dumps([c.name, c.arguments], sort_keys=True, default=str)
-                   for m in _agent_messages(traj) for c in (m.tool_calls or []))
+                   for m in agent_messages(traj) for c in (m.tool_calls or []))
     if eval_meta(traj).get("vote_on") == "calls":
         return "calls:" + json.dumps(calls)
     final = traj.outcome.final_answer if traj.outcome else None
