@@ -254,7 +254,8 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
             chunk = pending[b0:b0 + settings.batch_size]
             seed = _chunk_seed(settings.seed, suite.name, (chunk[0][0].id, chunk[0][1]))
             if suite.prompts is not None:
-                trajs = _run_completion_chunk(suite, chunk, backend, seed, settings.parser)
+                # the backend's parser when it has one, so single- and multi-turn items parse alike
+                trajs = _run_completion_chunk(suite, chunk, backend, seed, getattr(backend, "parser", settings.parser))
             else:
                 trajs = _run_env_chunk(suite, chunk, backend, seed)
             trajs = [_annotate(tr, suite, t, i, samples) for tr, (t, i) in zip(trajs, chunk)]
