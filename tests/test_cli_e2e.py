@@ -67,8 +67,8 @@ def test_sft_lowers_heldout_loss_then_eval_and_rl_run(tmp_path, tiny_dir, data):
     r = _invoke("eval", "--model", out / "final", "--env", "home", "--tasks", 4, "--max-turns", 4,
                 "--max-new-tokens", 32, "--max-length", 512, "--out", ev, "--quiet")
     assert r.exit_code == 0, r.output
-    doc = json.loads((ev / "eval-home.json").read_text())
-    assert doc["metrics"]["episodes"] == 4 and len(doc["episodes"]) == 4
+    doc = json.loads((ev / "results.json").read_text())
+    assert doc["metrics"]["episodes"] == 4 and len((ev / "episodes.jsonl").read_text().splitlines()) == 4
     assert 0.0 <= doc["metrics"]["success"] <= 1.0
 
     rl_cfg = tmp_path / "rl.yaml"

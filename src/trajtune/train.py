@@ -19,7 +19,7 @@ from trajtune.algorithms.sft import SFTObjective
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import RLRunConfig, SFTRunConfig, dump_config
 from trajtune.envs.base import make_env
-from trajtune.eval.run import evaluate, write_eval
+from trajtune.eval.run import evaluate
 from trajtune.experience import DatasetSource, RolloutSource
 from trajtune.learner import Learner, LearnerConfig, set_seed
 from trajtune.models.loading import load_model, load_tokenizer
@@ -209,21 +209,3 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
         console.print(f"[green]RL done[/green]: {final}")
     return result
 
-
-def run_eval(model_path: str, env_name: str, *, out_dir: str | Path | None, n_tasks: int = 64, n: int = 1,
-             ks: list[int] | None = None, temperature: float = 0.0, seed: int = 0, rollout: RolloutConfig | None = None,
-             env_kwargs: dict[str, Any] | None = None, quiet: bool = False) -> dict[str, Any]:
-    tok = load_tokenizer(model_path)
-    model = load_model(model_path, trainable=False)
-    env_kwargs = env_kwargs or {}
-    env = make_env(env_name, **env_kwargs)
-    tasks = env.tasks("test", n_tasks, seed=seed)
-    ro = rollout or RolloutConfig(max_turns=env.max_turns)
-    ro = RolloutConfig(**{**ro.__dict__, "temperature": temperature})
-    with bar(f"eval {env_name}", len(tasks) * n, enabled=not quiet) as adv:
-        metrics, episodes = evaluate(model, tok, lambda: make_env(env_name, **env_kwargs), tasks, ro, n=n,
-                                     ks=ks or [1], seed=seed, progress=adv)
-    metrics = {"model": model_path, "env": env_name, **metrics}
-    if out_dir is not None:
-        write_eval(out_dir, f"eval-{env_name}", metrics, episodes)
-    return metrics

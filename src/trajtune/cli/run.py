@@ -1,4 +1,4 @@
-"""The training and evaluation commands: sft, rl, eval, demo.
+"""The training commands: sft, rl, demo (and the registration of `eval`, defined in ``cli.eval_cmd``).
 
 They parse arguments, load and validate configs and call into ``trajtune.train`` / ``trajtune.demo``.
 User errors (bad config, missing path, existing output) become one clear message and exit code 2.
@@ -72,40 +72,6 @@ def rl(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, 
     console.print_json(json.dumps({k: v for k, v in result.items() if k != "last"}, default=str))
 
 
-def eval_(
-    model: Annotated[str, typer.Option("--model", "-m", help="HF id or local path (a full model or a LoRA adapter dir).")],
-    env: Annotated[str, typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")],
-    n_tasks: Annotated[int, typer.Option("--tasks", help="Held-out tasks to run.")] = 64,
-    n: Annotated[int, typer.Option("--n", help="Samples per task (for pass@k).")] = 1,
-    k: Annotated[Optional[list[int]], typer.Option("--k", help="pass@k values to report (repeatable).")] = None,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="0 = greedy.")] = 0.0,
-    max_turns: Annotated[int, typer.Option(help="Turn limit per episode.")] = 8,
-    max_new_tokens: Annotated[int, typer.Option(help="Token limit per assistant turn.")] = 256,
-    max_length: Annotated[int, typer.Option(help="Token limit per episode.")] = 4096,
-    batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 32,
-    seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for eval JSON + episodes JSONL.")] = None,
-    quiet: QuietOpt = False,
-) -> None:
-    """Evaluate a model on an environment's held-out tasks: success, pass@k, reward, format errors, turns.
-
-    Example: trajtune eval --model runs/demo/sft/final --env home --tasks 100 --out runs/eval
-    """
-    from trajtune.rollout import RolloutConfig
-    from trajtune.train import run_eval
-
-    ks = k or [1]
-    if any(x > n or x < 1 for x in ks):
-        raise ValueError(f"--k {ks} must be between 1 and --n ({n})")
-    if n > 1 and temperature == 0:
-        raise ValueError("--n > 1 with --temperature 0 repeats the same greedy episode; set a temperature")
-    ro = RolloutConfig(max_turns=max_turns, max_new_tokens=max_new_tokens, max_length=max_length,
-                       batch_size=batch_size)
-    metrics = run_eval(model, env, out_dir=out, n_tasks=n_tasks, n=n, ks=ks, temperature=temperature, seed=seed,
-                       rollout=ro, quiet=quiet)
-    console.print_json(json.dumps(metrics))
-
-
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = Path("runs/demo"),
     overwrite: OverwriteOpt = False,
@@ -132,5 +98,7 @@ def demo(
 def register(app: typer.Typer) -> None:
     app.command("sft")(user_errors(sft))
     app.command("rl")(user_errors(rl))
+    from trajtune.cli.eval_cmd import eval_
+
     app.command("eval")(user_errors(eval_))
     app.command("demo")(user_errors(demo))

@@ -1,11 +1,42 @@
-"""Agent metrics over episodes: success, reward, format errors, turns, unbiased pass@k."""
+"""Agent metrics over episodes: success, pass@k, reward, format errors, tool-call accuracy, turns.
+
+Every number is computed from the IR trajectory alone (plus ``metadata["eval"]`` written by the
+harness), so a resumed evaluation that reads its episodes back from JSONL scores them exactly as
+the run that produced them did.
+
+Definitions (per episode unless said otherwise; aggregates are means over episodes):
+
+- ``success``: ``outcome.success`` is true (decided by the environment on its state, or by the
+  BFCL checker).
+- ``pass@k``: the unbiased estimator of Chen et al. (2021), ``1 - C(n-c, k) / C(n, k)`` for a task
+  with ``n`` samples of which ``c`` succeeded, averaged over tasks. Only reported for ``k <= n``.
+- ``mean_reward``: ``Trajectory.reward`` (the undiscounted return).
+- ``format_error_rate``: the fraction of assistant turns whose text failed to parse into tool
+  calls (``Message.extra["parse_errors"]`` non-empty). ``format_errors`` is the total number of
+  parse errors and ``episodes_with_format_errors`` the fraction of episodes with at least one.
+- ``tool_call_accuracy``: valid tool calls / attempted tool calls. An *attempted* call is either
+  a parsed ``ToolCall`` of an agent message or a parse error (each parse error is counted as one
+  call that failed to parse). A call is *valid* when it parsed, names a tool in the trajectory's
+  tool list and its arguments validate against that tool's ``parameters`` JSON Schema
+  (``jsonschema``, the schema's own draft, default 2020-12; extra arguments are allowed unless the
+  schema says ``additionalProperties: false``). When the harness records a checker verdict
+  instead (``metadata["eval"]["tool_calls"]``, e.g. BFCL single-turn: one unit per item, valid
+  when the AST checker accepts the answer), that verdict is used. ``None`` when nothing was
+  attempted.
+- ``mean_turns``: assistant messages per episode.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import lru_cache
 from math import comb
 from typing import Any
+
+from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -17,30 +48,186 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def summarize(episodes: Sequence[Any], ks: Sequence[int] = (1,)) -> dict[str, Any]:
-    """Aggregate rollout ``Episode``s (several per task allowed) into one metrics dict."""
-    if not episodes:
-        return {"episodes": 0}
+# ---------------------------------------------------------------------------------------------
+# per-episode quantities, from the IR
+
+
+def trajectory_of(item: Any) -> Trajectory:
+    """A rollout ``Episode`` or a ``Trajectory`` -> the trajectory."""
+    return item if isinstance(item, Trajectory) else item.trajectory
+
+
+def eval_meta(traj: Trajectory) -> dict[str, Any]:
+    meta = traj.metadata.get("eval")
+    return meta if isinstance(meta, dict) else {}
+
+
+def task_key(item: Any) -> str:
+    """The task an episode belongs to (samples of one task share it)."""
+    traj = trajectory_of(item)
+    return str(eval_meta(traj).get("task_id", traj.id))
+
+
+def category_of(item: Any) -> str | None:
+    """The category recorded by the harness, else the task's ``data["kind"]`` (rollout Episodes)."""
+    traj = trajectory_of(item)
+    cat = eval_meta(traj).get("category")
+    if cat is None and not isinstance(item, Trajectory):
+        task = getattr(item, "task", None)
+        cat = task.data.get("kind") if task is not None and isinstance(task.data, dict) else None
+    return None if cat is None else str(cat)
+
+
+def agent_messages(traj: Trajectory) -> list[Message]:
+    """The model's own turns: assistant messages marked ``origin="agent"`` (every trajtune runner
+    marks them), so assistant messages that were part of the prompt are not counted; trajectories
+    from elsewhere with no origins at all count every assistant message."""
+    assistant = [m for m in traj.messages if m.role == "assistant"]
+    if any(m.origin is not None for m in assistant):
+        return [m for m in assistant if m.origin == "agent"]
+    return assistant
+
+
+def parse_errors(m: Message) -> list[Any]:
+    errs = m.extra.get("parse_errors") if m.extra else None
+    return list(errs) if isinstance(errs, list) else []
+
+
+@lru_cache(maxsize=4096)
+def _validator(schema_json: str) -> Any:
+    """A jsonschema validator for one (serialised) schema; ``None`` when the schema itself is invalid."""
+    import jsonschema
+
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    return cls(schema)
+
+
+def call_problem(call: ToolCall, tools: dict[str, ToolSpec]) -> str | None:
+    """Why ``call`` is not a valid call of a declared tool, or ``None`` when it is."""
+    spec = tools.get(call.name)
+    if spec is None:
+        return f"unknown tool {call.name!r}"
+    if call.arguments is None:
+        return "arguments are not a JSON object"
+    schema = spec.parameters or {"type": "object"}
+    validator = _validator(json.dumps(schema, sort_keys=True, default=str))
+    if validator is None:  # a malformed schema: fall back to trajtune's own light check
+        from trajtune.envs.tools import check_arguments
+
+        return check_arguments(spec, call.arguments)
+    err = next(iter(validator.iter_errors(call.arguments)), None)
+    return None if err is None else err.message
+
+
+def tool_call_counts(traj: Trajectory) -> tuple[int, int]:
+    """(valid, attempted) tool calls of one episode; see the module docstring."""
+    verdict = eval_meta(traj).get("tool_calls")
+    if isinstance(verdict, dict) and "total" in verdict:
+        return int(verdict.get("valid", 0)), int(verdict["total"])
+    tools = {t.name: t for t in traj.tools}
+    valid = attempted = 0
+    for m in agent_messages(traj):
+        attempted += len(parse_errors(m))
+        for c in m.tool_calls or []:
+            attempted += 1
+            valid += call_problem(c, tools) is None
+    return valid, attempted
+
+
+def episode_stats(item: Any) -> dict[str, Any]:
+    """The per-episode numbers every aggregate is built from."""
+    traj = trajectory_of(item)
+    msgs = agent_messages(traj)
+    valid, attempted = tool_call_counts(traj)
+    return {
+        "task": task_key(item),
+        "category": category_of(item),
+        "success": bool(traj.outcome and traj.outcome.success),
+        "reward": float(traj.reward or 0.0),
+        "turns": len(msgs),
+        "turns_with_format_errors": sum(1 for m in msgs if parse_errors(m)),
+        "format_errors": sum(len(parse_errors(m)) for m in msgs),
+        "calls_valid": valid,
+        "calls_attempted": attempted,
+        "termination": (traj.outcome.termination if traj.outcome else None) or "unknown",
+    }
+
+
+_WS = re.compile(r"\s+")
+
+
+def answer_key(traj: Trajectory) -> str | None:
+    """What "the same answer" means for majority voting.
+
+    The final text answer (lower-cased, whitespace collapsed) when the episode ends with one;
+    otherwise the multiset of all the agent's tool calls (name + canonical JSON arguments, order
+    ignored). ``None`` when the episode produced neither (nothing to vote for).
+
+    Where the answer *is* the call set (BFCL single-turn: the harness sets
+    ``metadata["eval"]["vote_on"] = "calls"``), the call multiset is the key, and "no call at
+    all" is an answer too (the right one for BFCL's irrelevance items).
+    """
+    calls = sorted(json.dumps([c.name, c.arguments], sort_keys=True, default=str)
+                   for m in agent_messages(traj) for c in (m.tool_calls or []))
+    if eval_meta(traj).get("vote_on") == "calls":
+        return "calls:" + json.dumps(calls)
+    final = traj.outcome.final_answer if traj.outcome else None
+    if final and final.strip():
+        return "answer:" + _WS.sub(" ", final.strip().lower())
+    return "calls:" + json.dumps(calls) if calls else None
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregates
+
+
+def _aggregate(stats: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
     by_task: dict[str, list[bool]] = defaultdict(list)
-    for e in episodes:
-        by_task[e.trajectory.id].append(bool(e.trajectory.outcome and e.trajectory.outcome.success))
-    n_turns = sum(e.turns for e in episodes)
-    n_fmt = sum(e.format_errors for e in episodes)
+    for s in stats:
+        by_task[s["task"]].append(s["success"])
+    n_ep = len(stats)
+    turns = sum(s["turns"] for s in stats)
+    attempted = sum(s["calls_attempted"] for s in stats)
+    valid = sum(s["calls_valid"] for s in stats)
     terminations: dict[str, int] = defaultdict(int)
-    for e in episodes:
-        terminations[(e.trajectory.outcome.termination if e.trajectory.outcome else None) or "unknown"] += 1
+    for s in stats:
+        terminations[s["termination"]] += 1
     out: dict[str, Any] = {
-        "episodes": len(episodes),
+        "episodes": n_ep,
         "tasks": len(by_task),
-        "success": sum(sum(v) for v in by_task.values()) / len(episodes),
-        "mean_reward": sum(float(e.trajectory.reward or 0.0) for e in episodes) / len(episodes),
-        "format_error_rate": n_fmt / max(1, n_turns),
-        "episodes_with_format_errors": sum(1 for e in episodes if e.format_errors) / len(episodes),
-        "mean_turns": n_turns / len(episodes),
+        "success": sum(s["success"] for s in stats) / n_ep,
+        "mean_reward": sum(s["reward"] for s in stats) / n_ep,
+        "format_error_rate": sum(s["turns_with_format_errors"] for s in stats) / max(1, turns),
+        "format_errors": sum(s["format_errors"] for s in stats),
+        "episodes_with_format_errors": sum(1 for s in stats if s["format_errors"]) / n_ep,
+        "tool_call_accuracy": valid / attempted if attempted else None,
+        "tool_calls": {"valid": valid, "attempted": attempted},
+        "mean_turns": turns / n_ep,
         "terminations": dict(sorted(terminations.items())),
     }
     n_min = min(len(v) for v in by_task.values())
     for k in ks:
         if k <= n_min:
             out[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in by_task.values()) / len(by_task)
+    return out
+
+
+def summarize(episodes: Sequence[Any], ks: Sequence[int] = (1,)) -> dict[str, Any]:
+    """Aggregate episodes (rollout ``Episode``s or IR ``Trajectory``s, several per task allowed).
+
+    Adds ``categories`` (the same metrics per category) when any episode has one: the BFCL
+    category, or an environment task's ``data["kind"]``.
+    """
+    if not episodes:
+        return {"episodes": 0}
+    stats = [episode_stats(e) for e in episodes]
+    out = _aggregate(stats, ks)
+    cats = sorted({s["category"] for s in stats if s["category"] is not None})
+    if cats:
+        out["categories"] = {c: _aggregate([s for s in stats if s["category"] == c], ks) for c in cats}
     return out

@@ -35,3 +35,56 @@ def write_eval(out_dir: str | Path, name: str, metrics: dict[str, Any], episodes
            "episodes": [e.trajectory.model_dump(mode="json", exclude_none=True) for e in episodes]}
     atomic_write_text(out / f"{name}.json", json.dumps(doc, indent=1, ensure_ascii=False))
     return out / f"{name}.json"
+
+
+def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
+             quiet: bool = False, backend: Any = None) -> dict[str, Any]:
+    """Load ``settings.model`` and run ``trajtune.eval.harness`` on it (the ``trajtune eval`` command).
+
+    ``backend`` replaces the model (e.g. ``TextBackend(generate_fn)``); the model is then not loaded.
+    With ``out_dir`` the episodes are appended as they finish and the results written atomically;
+    an existing evaluation there is refused unless ``resume`` or ``overwrite``.
+    """
+    from trajtune.eval.backends import HFBackend
+    from trajtune.eval.harness import build_suites, run_evaluation
+    from trajtune.eval.store import EvalStore
+    from trajtune.progress import bar
+
+    settings.validate()
+    tok = None
+    if backend is None:
+        from trajtune.chat.parsers import detect_parser
+        from trajtune.models.loading import load_tokenizer
+
+        tok = load_tokenizer(settings.model)
+        if settings.parser == "auto":  # the call format the model's own chat template renders
+            settings.parser = detect_parser(getattr(tok, "chat_template", None)) or "hermes"
+    elif settings.parser == "auto":
+        settings.parser = "hermes"
+    suites = build_suites(settings)  # bad environment / category names fail here, before any loading or writing
+    store = EvalStore(out_dir, settings.as_dict(), resume=resume, overwrite=overwrite) if out_dir is not None else None
+    try:
+        if backend is None:
+            from trajtune.models.loading import load_model
+
+            model = load_model(settings.model, trainable=False)
+            device = settings.device
+            if device == "auto":
+                import torch
+
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            try:
+                model.to(device)
+            except (RuntimeError, AssertionError, ValueError) as e:  # no such device / no CUDA build
+                raise ValueError(f"cannot run the model on --device {device!r}: {e}") from None
+            backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
+                                max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
+                                batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
+                                step_timeout_s=settings.step_timeout_s)
+        total = sum(len(s.tasks) for s in suites) * settings.samples
+        target = settings.env or settings.benchmark
+        with bar(f"eval {target}", total, enabled=not quiet) as adv:
+            return run_evaluation(settings, backend, store=store, progress=adv, suites=suites)
+    finally:
+        if store is not None:
+            store.close()

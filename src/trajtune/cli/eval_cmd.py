@@ -1,0 +1,87 @@
+"""``trajtune eval``: evaluate a model on an environment or a benchmark (BFCL, TextWorld)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from trajtune.progress import console
+
+
+def _env_kwargs(items: list[str] | None) -> dict[str, Any]:
+    """``key=value`` pairs; values parsed as JSON when they are JSON (3, true, "x"), else kept as text."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--env-arg {item!r} must look like key=value (e.g. --env-arg nb_rooms=2)")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def eval_(
+    model: Annotated[str, typer.Option("--model", "-m", help="HF id or local path (a full model or a LoRA adapter dir).")],
+    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")] = None,
+    benchmark: Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark: bfcl or textworld.")] = None,
+    categories: Annotated[Optional[str], typer.Option(
+        "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
+                             "or groups (single_turn, multi_turn, live, non_live, all). Default: all.")] = None,
+    n_tasks: Annotated[int, typer.Option("--tasks", help="Held-out environment tasks to run.")] = 64,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="BFCL: first N entries of each category.")] = None,
+    n: Annotated[int, typer.Option("--n", help="Samples per task (for pass@k).")] = 1,
+    k: Annotated[Optional[list[int]], typer.Option("--k", help="pass@k values to report (repeatable).")] = None,
+    temperature: Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
+    best_of: Annotated[Optional[int], typer.Option(
+        "--best-of", help="Draw N candidates per task and keep the one the verifier picks.")] = None,
+    verifier: Annotated[Optional[str], typer.Option(
+        "--verifier", help="Best-of-N selector: env (oracle upper bound), reward, majority (default), first, "
+                           "or package.module:factory.")] = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", help="Environments stepped in parallel.")] = 8,
+    max_turns: Annotated[Optional[int], typer.Option(help="Turn limit per episode (default: the environment's).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Token limit per assistant turn.")] = 256,
+    max_length: Annotated[int, typer.Option(help="Token limit per episode.")] = 4096,
+    batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 16,
+    parser: Annotated[str, typer.Option(help="Tool-call parser; auto = from the model's chat template.")] = "auto",
+    device: Annotated[str, typer.Option(help="Where the model runs: auto (GPU if there is one), cpu, cuda, cuda:1, ...")] = "auto",
+    env_arg: Annotated[Optional[list[str]], typer.Option("--env-arg", help="Environment argument key=value (repeatable).")] = None,
+    seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for run.json, episodes.jsonl, results.json.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in --out, skipping finished episodes.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the evaluation in --out.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
+
+    Every episode is written to --out/episodes.jsonl (IR) as it finishes; --resume continues an interrupted run. See docs/eval.md for the metric definitions.
+
+    Example: trajtune eval --model runs/demo/sft/final --env home --tasks 100 --out runs/eval
+
+    Example: trajtune eval --model Qwen/Qwen3-0.6B --benchmark bfcl --categories simple,multiple --limit 50 --out runs/bfcl
+    """
+    from trajtune.eval.harness import EvalSettings
+    from trajtune.eval.run import run_eval
+
+    if (resume or overwrite) and out is None:
+        raise ValueError("--resume and --overwrite act on --out; give --out DIR")
+    settings = EvalSettings(
+        model=model, env=env, benchmark=benchmark,
+        categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
+        env_kwargs=_env_kwargs(env_arg), tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
+        top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
+        max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
+        workers=workers)
+    try:
+        results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet)
+    except ImportError as e:  # an optional benchmark package (bfcl-eval, textworld) is missing
+        raise ValueError(str(e)) from None
+    shown = {k: v for k, v in results.items() if k != "settings"}
+    if "best_of" in shown:
+        shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
+    console.print_json(json.dumps(shown, default=str))

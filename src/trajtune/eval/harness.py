@@ -1,0 +1,299 @@
+"""The evaluation harness behind ``trajtune eval``: environments and benchmarks, resumable.
+
+An evaluation is a list of *suites* (one environment, or one BFCL category each); each suite has
+tasks, and each task is run ``samples`` times (``--n``, or ``--best-of``). The unit of work is an
+episode keyed by ``(task id, sample index)``; finished episodes are appended to the store as each
+batch ends, so an interrupted run resumes with the episodes it has not finished yet. Metrics are
+computed from the stored IR only (``trajtune.eval.metrics``), so resumed and uninterrupted runs
+report the same way.
+
+Suites:
+
+- ``--env NAME``: the environment's held-out (``test``) tasks, multi-turn through the backend's
+  rollout; category = ``task.data["kind"]`` when the environment sets one.
+- ``--benchmark textworld``: the ``textworld`` environment.
+- ``--benchmark bfcl``: per category, single-turn ones as one prompt→completion each, scored by
+  ``score_single_turn`` (BFCL's AST / relevance rules); multi-turn ones as ``BFCLMultiTurnEnv``
+  episodes. ``--limit`` takes the first N entries of each category.
+
+The turn limit defaults to the environment's own ``max_turns``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trajtune.envs.base import Environment, Task, make_env
+from trajtune.eval.backends import Backend
+from trajtune.eval.metrics import agent_messages, episode_stats, eval_meta, summarize
+from trajtune.eval.verifiers import best_of_report, get_verifier
+from trajtune.schema import Outcome, Trajectory
+
+BENCHMARKS = ("bfcl", "textworld")
+
+
+@dataclass
+class EvalSettings:
+    """Everything that defines an evaluation (saved as ``run.json``; a resume must match it)."""
+
+    model: str
+    env: str | None = None
+    benchmark: str | None = None
+    categories: list[str] | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    tasks: int = 64
+    limit: int | None = None
+    n: int = 1
+    ks: list[int] = field(default_factory=lambda: [1])
+    temperature: float = 0.0
+    top_p: float = 1.0
+    best_of: int | None = None
+    verifier: str | None = None
+    seed: int = 0
+    max_turns: int | None = None
+    max_new_tokens: int = 256
+    max_length: int = 4096
+    parser: str = "hermes"
+    device: str = "auto"
+    batch_size: int = 16
+    workers: int = 8
+    step_timeout_s: float = 30.0
+
+    @property
+    def samples(self) -> int:
+        return self.best_of or self.n
+
+    def validate(self) -> None:
+        """Reject contradictory settings with a message that says what to change."""
+        if (self.env is None) == (self.benchmark is None):
+            raise ValueError("give exactly one of --env NAME or --benchmark {bfcl,textworld}")
+        if self.benchmark is not None and self.benchmark not in BENCHMARKS:
+            raise ValueError(f"unknown benchmark {self.benchmark!r}; known: {', '.join(BENCHMARKS)}")
+        if self.categories and self.benchmark != "bfcl":
+            raise ValueError("--categories is for --benchmark bfcl (environments are broken down by task kind)")
+        if self.n < 1 or self.tasks < 1 or (self.limit is not None and self.limit < 1):
+            raise ValueError("--n, --tasks and --limit must be at least 1")
+        if self.best_of is not None:
+            if self.best_of < 2:
+                raise ValueError("--best-of needs at least 2 candidates")
+            if self.n not in (1, self.best_of):
+                raise ValueError(f"--best-of {self.best_of} draws {self.best_of} samples per task; --n {self.n} "
+                                 "would contradict it (leave --n out)")
+            self.verifier = self.verifier or "majority"
+            get_verifier(self.verifier)  # an unknown name fails now, not after the episodes ran
+        elif self.verifier is not None:
+            raise ValueError("--verifier selects among --best-of N candidates; give --best-of too")
+        bad = [k for k in self.ks if k < 1 or k > self.samples]
+        if bad:
+            raise ValueError(f"--k {bad} must be between 1 and the samples per task ({self.samples})")
+        if self.samples > 1 and self.temperature <= 0:
+            raise ValueError(f"{self.samples} samples per task at --temperature 0 would repeat the same greedy "
+                             "episode; set a temperature (e.g. --temperature 0.8)")
+        from trajtune.chat.parsers import available_parsers
+
+        if self.parser != "auto" and self.parser not in available_parsers():
+            raise ValueError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
+        if self.workers < 1 or self.batch_size < 1:
+            raise ValueError("--workers and --batch-size must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Suite:
+    """One environment or one BFCL category: tasks run the same way."""
+
+    name: str
+    tasks: list[Task]
+    category: str | None = None  # fixed category; else task.data["kind"]
+    env_factory: Callable[[], Environment] | None = None  # multi-turn
+    prompts: dict[str, Trajectory] | None = None  # single-turn (BFCL)
+    max_turns: int = 8
+    finish: Callable[[Environment, Trajectory], None] | None = None
+
+    def category_of(self, task: Task) -> str | None:
+        if self.category is not None:
+            return self.category
+        kind = task.data.get("kind") if isinstance(task.data, dict) else None
+        return None if kind is None else str(kind)
+
+
+def _env_suite(name: str, kwargs: dict[str, Any], s: EvalSettings) -> Suite:
+    def factory() -> Environment:
+        return make_env(name, **kwargs)
+
+    probe = factory()
+    return Suite(name=name, tasks=probe.tasks("test", s.tasks, seed=s.seed), env_factory=factory,
+                 max_turns=s.max_turns or probe.max_turns)
+
+
+def _bfcl_finish(env: Environment, traj: Trajectory) -> None:
+    """Record BFCL's verdict for a multi-turn episode (reason as in ``run_bfcl``)."""
+    failure = getattr(env, "failure", None) or {}
+    ok = bool(traj.outcome and traj.outcome.success)
+    term = traj.outcome.termination if traj.outcome else None
+    reason = "ok" if ok else str(failure.get("error_type") or f"multi_turn:{term or 'failed'}")
+    ref = getattr(env, "traj", None)
+    traj.metadata["bfcl_category"] = ref.reference.data["category"] if ref is not None else None
+    traj.metadata["bfcl_reason"] = reason
+    if failure:
+        traj.metadata["bfcl_failure"] = failure
+
+
+def _bfcl_suites(s: EvalSettings) -> list[Suite]:
+    from trajtune.benchmarks.bfcl import MULTI_TURN_CATEGORIES, load_bfcl, resolve_categories
+
+    suites = []
+    for cat in resolve_categories(s.categories or None):
+        if cat in MULTI_TURN_CATEGORIES:
+            from trajtune.benchmarks.bfcl.multi_turn import BFCLMultiTurnEnv
+
+            def factory(cat: str = cat) -> Environment:
+                return BFCLMultiTurnEnv([cat], limit=s.limit)
+
+            probe = factory()
+            suites.append(Suite(name=f"bfcl:{cat}", tasks=probe.all_tasks(), category=cat, env_factory=factory,
+                                max_turns=s.max_turns or probe.max_turns, finish=_bfcl_finish))
+        else:
+            trajs = load_bfcl(cat, limit=s.limit)
+            tasks = [Task(id=t.id, seed=i, split="test", data={"category": cat}) for i, t in enumerate(trajs)]
+            suites.append(Suite(name=f"bfcl:{cat}", tasks=tasks, category=cat, prompts={t.id: t for t in trajs}))
+    return suites
+
+
+def build_suites(s: EvalSettings) -> list[Suite]:
+    if s.benchmark == "bfcl":
+        return _bfcl_suites(s)
+    if s.benchmark == "textworld":
+        return [_env_suite("textworld", s.env_kwargs, s)]
+    assert s.env is not None
+    return [_env_suite(s.env, s.env_kwargs, s)]
+
+
+def _chunk_seed(seed: int, suite: str, key: tuple[str, int]) -> int:
+    h = hashlib.sha256(repr((seed, suite, key)).encode()).digest()
+    return int.from_bytes(h[:4], "little")
+
+
+def _annotate(traj: Trajectory, suite: Suite, task: Task, sample: int, samples: int) -> Trajectory:
+    traj.id = task.id if samples == 1 else f"{task.id}#{sample}"
+    traj.metadata["eval"] = {**eval_meta(traj), "task_id": task.id, "sample": sample,
+                             "category": suite.category_of(task), "suite": suite.name}
+    return traj
+
+
+def _run_env_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: Backend, seed: int) -> list[Trajectory]:
+    assert suite.env_factory is not None
+    made: list[Environment] = []
+    base = suite.env_factory
+
+    def factory() -> Environment:  # runners make one environment per task, in task order
+        env = base()
+        made.append(env)
+        return env
+
+    trajs = backend.rollout(factory, [t for t, _ in chunk], max_turns=suite.max_turns, seed=seed)
+    if len(trajs) != len(chunk):
+        raise RuntimeError(f"backend {backend.name!r} returned {len(trajs)} episodes for {len(chunk)} tasks")
+    if suite.finish is not None:
+        if len(made) != len(chunk):
+            raise RuntimeError(f"expected one environment per task, the runner made {len(made)} for {len(chunk)}")
+        for env, traj in zip(made, trajs):
+            suite.finish(env, traj)
+    return trajs
+
+
+def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: Backend, seed: int,
+                          parser: str) -> list[Trajectory]:
+    from trajtune.benchmarks.bfcl.runner import default_parse_fn, score_single_turn
+
+    assert suite.prompts is not None
+    parse = default_parse_fn(parser)
+    refs = [suite.prompts[t.id] for t, _ in chunk]
+    texts = backend.complete([(list(r.messages), list(r.tools)) for r in refs], seed=seed)
+    out = []
+    for ref, text in zip(refs, texts):
+        r = score_single_turn(ref, text or "", parse)
+        traj = r.trajectory
+        assert traj is not None
+        valid = r.valid
+        if text is None:  # the prompt alone fills the context: no answer at all
+            valid = False
+            traj.outcome = Outcome(success=False, termination="context_overflow")
+            traj.reward = 0.0
+            traj.metadata["bfcl_reason"] = "context_overflow"
+        traj.metadata["bfcl_category"] = r.category
+        traj.metadata["eval"] = {"tool_calls": {"valid": int(valid), "total": 1, "unit": "bfcl_item"},
+                                 "vote_on": "calls"}
+        out.append(traj)
+    return out
+
+
+def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = None,
+                   progress: Callable[[int], None] | None = None,
+                   suites: list[Suite] | None = None) -> dict[str, Any]:
+    """Run (or finish) an evaluation and return its results; writes them through ``store`` if given.
+
+    ``suites`` (from ``build_suites(settings)``) may be passed when the caller built them already.
+    """
+    settings.validate()
+    verifier = get_verifier(settings.verifier) if settings.best_of else None
+    suites = suites if suites is not None else build_suites(settings)
+    samples = settings.samples
+    done: dict[tuple[str, int], Trajectory] = store.done if store is not None else {}
+    keys = [(t.id, i) for s in suites for t in s.tasks for i in range(samples)]
+    if progress:
+        progress(sum(1 for k in keys if k in done))
+    for suite in suites:
+        pending = [(t, i) for t in suite.tasks for i in range(samples) if (t.id, i) not in done]
+        for b0 in range(0, len(pending), settings.batch_size):
+            chunk = pending[b0:b0 + settings.batch_size]
+            seed = _chunk_seed(settings.seed, suite.name, (chunk[0][0].id, chunk[0][1]))
+            if suite.prompts is not None:
+                # the backend's parser when it has one, so single- and multi-turn items parse alike
+                trajs = _run_completion_chunk(suite, chunk, backend, seed, getattr(backend, "parser", settings.parser))
+            else:
+                trajs = _run_env_chunk(suite, chunk, backend, seed)
+            trajs = [_annotate(tr, suite, t, i, samples) for tr, (t, i) in zip(trajs, chunk)]
+            if store is not None:
+                store.append(trajs)
+            else:
+                done.update(((t.id, i), tr) for tr, (t, i) in zip(trajs, chunk))
+            if progress:
+                progress(len(chunk))
+    episodes = [done[k] for k in keys]
+    results = build_results(settings, episodes, verifier)
+    if store is not None:
+        store.write_results(results)
+    return results
+
+
+def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifier: Any = None) -> dict[str, Any]:
+    """The results document: settings, metrics (overall + per category), best-of-N, BFCL report."""
+    target = settings.env or settings.benchmark
+    out: dict[str, Any] = {
+        "model": settings.model,
+        "target": target,
+        "kind": "env" if settings.env else "benchmark",
+        "samples_per_task": settings.samples,
+        "metrics": summarize(episodes, ks=settings.ks),
+    }
+    if verifier is not None:
+        out["best_of"] = best_of_report(episodes, verifier, settings.samples)
+    if settings.benchmark == "bfcl":
+        from trajtune.benchmarks.bfcl import bfcl_report
+
+        rows = []
+        for t in episodes:
+            st = episode_stats(t)
+            rows.append({"id": t.id, "category": st["category"], "valid": st["success"],
+                         "reason": str(t.metadata.get("bfcl_reason", "ok" if st["success"] else "failed")),
+                         "format_errors": st["format_errors"],
+                         "n_calls": sum(len(m.tool_calls or []) for m in agent_messages(t))})
+        out["bfcl"] = bfcl_report(rows)
+    out["settings"] = settings.as_dict()
+    return out
