@@ -22,11 +22,11 @@ def test_auto_classes_load_the_tiny_dir(tiny_dir):
 def test_tokenizer_is_lossless_and_entities_are_single_tokens(tiny_tok):
     for text in ["Turn on the lamp in the attic.", 'x = {"a": [1, 2]}  \n\ttabs', "ünïcödé → 😀", ""]:
         assert tiny_tok.decode(tiny_tok(text, add_special_tokens=False)["input_ids"]) == text
-    # the same entity is the same single token in a prompt and inside JSON arguments
-    in_prompt = tiny_tok("the cellar", add_special_tokens=False)["input_ids"]
-    in_json = tiny_tok('{"room": "cellar"}', add_special_tokens=False)["input_ids"]
-    cellar = tiny_tok.convert_tokens_to_ids("cellar")
-    assert cellar in in_prompt and cellar in in_json
+    # entities are single tokens: with their leading space in prose, bare inside JSON strings
+    for word in ["cellar", "kitchen", "lamp", "blinds"]:
+        assert len(tiny_tok(" " + word, add_special_tokens=False)["input_ids"]) == 1
+        ids = tiny_tok('{"room": "' + word + '"}', add_special_tokens=False)["input_ids"]
+        assert tiny_tok.convert_tokens_to_ids(word) in ids
 
 
 def test_generation_markers_agree_with_provenance(tiny_tok, home_experts):

@@ -36,16 +36,16 @@ DEFAULTS: dict[str, Any] = {
     "n_test": 100,
     "preset": "micro",
     "vocab_size": 1024,
-    "sft_steps": 300,
-    "weak_sft_steps": 40,
-    "sft_lr": 3e-3,
+    "sft_steps": 600,
+    "weak_sft_steps": 400,
+    "sft_lr": 1.5e-3,
     "batch_size": 16,
     "rl_steps": 30,
     "rl_lr": 5e-4,
     "tasks_per_step": 8,
     "group_size": 8,
     "max_length": 512,
-    "max_new_tokens": 48,
+    "max_new_tokens": 40,
 }
 
 
@@ -94,12 +94,13 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     summary: dict[str, Any] = {"settings": p, "seed": seed}
     summary["success_before_sft"] = _eval(base, p, out, "base", seed)
 
-    def sft(name: str, steps: int) -> Path:
+    def sft(name: str, steps: int, save_every: int) -> Path:
         cfg = SFTRunConfig.model_validate({
             "model": str(base), "output_dir": str(out / name), "seed": seed,
             "data": {"path": str(data_path), "format": "ir", "max_length": p["max_length"]},
             "train": {"steps": steps, "lr": p["sft_lr"], "batch_size": p["batch_size"],
-                      "micro_batch_size": p["batch_size"], "warmup_steps": max(1, steps // 20)},
+                      "micro_batch_size": p["batch_size"], "warmup_steps": max(1, steps // 20),
+                      "save_every": save_every, "keep_last": steps // save_every + 1},
         })
         run_sft(cfg)
         return out / name / "final"
@@ -116,12 +117,15 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
         run_rl(cfg)
         return out / name / "final"
 
-    sft_dir = sft("sft", p["sft_steps"])
+    # The under-trained checkpoint is an early checkpoint of the same SFT run (no second run).
+    if not 0 < p["weak_sft_steps"] < p["sft_steps"]:
+        raise ValueError("weak_sft_steps must be between 0 and sft_steps")
+    sft_dir = sft("sft", p["sft_steps"], save_every=p["weak_sft_steps"])
     summary["success_after_sft"] = _eval(sft_dir, p, out, "sft", seed)
     rl_dir = rl("rl", sft_dir)
     summary["success_after_rl"] = _eval(rl_dir, p, out, "rl", seed)
 
-    weak_dir = sft("sft-weak", p["weak_sft_steps"])
+    weak_dir = out / "sft" / "checkpoints" / f"step-{p['weak_sft_steps']:06d}"
     summary["success_weak_sft"] = _eval(weak_dir, p, out, "sft-weak", seed)
     weak_rl_dir = rl("rl-weak", weak_dir)
     summary["success_weak_after_rl"] = _eval(weak_rl_dir, p, out, "rl-weak", seed)

@@ -71,19 +71,26 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024) -> Any:
-    """Train a byte-level BPE tokenizer (lossless round trip) and wrap it for transformers."""
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 1024, pretokenizer: str = "words") -> Any:
+    """Train a byte-level BPE tokenizer (lossless round trip) and wrap it for transformers.
+
+    ``pretokenizer``: ``words`` is GPT-2's split (a word keeps its leading space); ``split`` makes
+    every word, digit, punctuation run and whitespace run its own pre-token, so an entity is the
+    same token in prose and inside JSON.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    # Words, digits, runs of punctuation and whitespace are separate pre-tokens, so an entity is
-    # the *same* token in a prompt ("in the cellar"), in JSON arguments ("cellar") and in an
-    # observation: copying it is exact token copying, which tiny models learn fast.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"[A-Za-z]+|[0-9]|[^A-Za-z0-9\s]+|\s+"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    if pretokenizer == "split":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"[A-Za-z]+|[0-9]|[^A-Za-z0-9\s]+|\s+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif pretokenizer == "words":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        raise ValueError(f"pretokenizer must be 'words' or 'split', got {pretokenizer!r}")
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -141,10 +148,10 @@ def build_model(tokenizer: Any, preset: str = "micro", seed: int = 0, max_positi
 
 
 def create_tiny_model(out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 1024, preset: str = "micro",
-                      seed: int = 0, **overrides: Any) -> Path:
+                      seed: int = 0, pretokenizer: str = "words", **overrides: Any) -> Path:
     """Build tokenizer + model and save them as one HF directory; returns the directory."""
     out = Path(out_dir)
-    tok = build_tokenizer(texts, vocab_size=vocab_size)
+    tok = build_tokenizer(texts, vocab_size=vocab_size, pretokenizer=pretokenizer)
     model = build_model(tok, preset=preset, seed=seed, **overrides)
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(out)
