@@ -40,8 +40,11 @@ DEFAULTS: dict[str, Any] = {
     "weak_sft_steps": 400,
     "sft_lr": 1.5e-3,
     "batch_size": 16,
-    "rl_steps": 30,
-    "rl_lr": 5e-4,
+    "rl_steps": 40,  # GRPO from the under-trained checkpoint
+    "rl_steps_full": 10,  # GRPO from the converged SFT model (shows it keeps what SFT taught)
+    "rl_lr": 1e-4,
+    "rl_warmup": 5,  # a fresh Adam without warm-up wrecks a tiny model in one step (measured)
+    "rl_temperature": 0.7,
     "tasks_per_step": 8,
     "group_size": 8,
     "max_length": 512,
@@ -105,14 +108,14 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
         run_sft(cfg)
         return out / name / "final"
 
-    def rl(name: str, start: Path) -> Path:
+    def rl(name: str, start: Path, steps: int) -> Path:
         cfg = RLRunConfig.model_validate({
             "model": str(start), "output_dir": str(out / name), "seed": seed,
-            "env": p["env"], "rollout": _rollout_cfg(p, 1.0),
+            "env": p["env"], "rollout": _rollout_cfg(p, p["rl_temperature"]),
             "rl": {"estimator": "grpo", "tasks_per_step": p["tasks_per_step"], "group_size": p["group_size"],
-                   "n_train_tasks": p["n_train"]},
-            "train": {"steps": p["rl_steps"], "lr": p["rl_lr"], "schedule": "constant",
-                      "micro_batch_size": p["tasks_per_step"] * p["group_size"]},
+                   "n_train_tasks": p["n_train"], "drop_equal_groups": True},
+            "train": {"steps": steps, "lr": p["rl_lr"], "schedule": "constant", "warmup_steps": p["rl_warmup"],
+                      "micro_batch_size": 32},
         })
         run_rl(cfg)
         return out / name / "final"
@@ -122,12 +125,12 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
         raise ValueError("weak_sft_steps must be between 0 and sft_steps")
     sft_dir = sft("sft", p["sft_steps"], save_every=p["weak_sft_steps"])
     summary["success_after_sft"] = _eval(sft_dir, p, out, "sft", seed)
-    rl_dir = rl("rl", sft_dir)
+    rl_dir = rl("rl", sft_dir, p["rl_steps_full"])
     summary["success_after_rl"] = _eval(rl_dir, p, out, "rl", seed)
 
     weak_dir = out / "sft" / "checkpoints" / f"step-{p['weak_sft_steps']:06d}"
     summary["success_weak_sft"] = _eval(weak_dir, p, out, "sft-weak", seed)
-    weak_rl_dir = rl("rl-weak", weak_dir)
+    weak_rl_dir = rl("rl-weak", weak_dir, p["rl_steps"])
     summary["success_weak_after_rl"] = _eval(weak_rl_dir, p, out, "rl-weak", seed)
 
     plot_metrics(out / "sft" / "metrics.jsonl", out / "sft_loss.png", ["loss", "token_accuracy"], "SFT")

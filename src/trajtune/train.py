@@ -133,28 +133,12 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
     source = DatasetSource(tts, cfg.train.batch_size, cfg.seed)
     rollout = RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
+    hook = _eval_hook(cfg, tok, renderer, rollout)
     learner = Learner(model, tok, SFTObjective(cfg.train.eaft, cfg.train.eaft_top_k, cfg.train.eaft_alpha), source,
                       learner_config(cfg, min(cfg.train.micro_batch_size, cfg.train.batch_size)), out,
-                      eval_hook=_eval_hook(cfg, tok, renderer, rollout), stop_after=stop_after)
-    if resume:
-        learner.resume()
-    with bar("sft", cfg.train.steps, enabled=not quiet) as adv:
-        adv(learner.step)
-        last = learner.fit(lambda s, r: adv(1, loss=r.get("loss", 0.0), acc=r.get("token_accuracy", 0.0)))
-    if learner.step < cfg.train.steps:  # stopped early (testing aid): leave a resumable checkpoint only
-        learner.save_checkpoint()
-        return {"step": learner.step, "stopped": True}
-    final = learner.save_final(out / "final")
-    plot_metrics(out / "metrics.jsonl", out / "loss.png", ["loss", "token_accuracy"], "SFT")
-    result: dict[str, Any] = {"step": learner.step, "final": str(final), "train_records": len(tts),
-                              "truncated_or_dropped": n_cut, "last": last}
-    hook = _eval_hook(cfg, tok, renderer, rollout)
-    if hook is not None:
-        result["eval"] = hook(learner.step, learner.model)
-    atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))
-    if not quiet:
-        console.print(f"[green]SFT done[/green]: {final}")
-    return result
+                      eval_hook=hook, stop_after=stop_after)
+    return _train_and_finish(learner, cfg, out, "sft", resume, quiet, hook,
+                             {"train_records": len(tts), "truncated_or_dropped": n_cut})
 
 
 def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
@@ -188,24 +172,33 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
     objective = PolicyGradientObjective(cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.kl_coef, cfg.rl.kl_estimator,
                                         cfg.rl.aggregation, cfg.rl.norm_length,
                                         ro.temperature if ro.temperature > 0 else 1.0)
+    hook = _eval_hook(cfg, tok, renderer, ro)
     learner = Learner(model, tok, objective, source, learner_config(cfg, cfg.train.micro_batch_size), out,
-                      eval_hook=_eval_hook(cfg, tok, renderer, ro), stop_after=stop_after)
+                      eval_hook=hook, stop_after=stop_after)
+    return _train_and_finish(learner, cfg, out, "rl", resume, quiet, hook, {})
+
+
+def _train_and_finish(learner: Learner, cfg: SFTRunConfig | RLRunConfig, out: Path, kind: str, resume: bool,
+                      quiet: bool, hook: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    """The loop with its progress bar, then the artifacts: final model, plot, result.json."""
     if resume:
         learner.resume()
-    with bar("rl", cfg.train.steps, enabled=not quiet) as adv:
+    shown = ("loss", "token_accuracy") if kind == "sft" else ("reward", "success")
+    with bar(kind, cfg.train.steps, enabled=not quiet) as adv:
         adv(learner.step)
-        last = learner.fit(lambda s, r: adv(1, reward=r.get("reward", 0.0), success=r.get("success", 0.0)))
-    if learner.step < cfg.train.steps:
+        last = learner.fit(lambda s, r: adv(1, **{k: r.get(k, 0.0) for k in shown}))
+    if learner.step < cfg.train.steps:  # stopped early (testing aid): leave a resumable checkpoint only
         learner.save_checkpoint()
         return {"step": learner.step, "stopped": True}
     final = learner.save_final(out / "final")
-    plot_metrics(out / "metrics.jsonl", out / "reward.png", ["reward", "success", "loss"], "RL")
-    result: dict[str, Any] = {"step": learner.step, "final": str(final), "last": last}
-    hook = _eval_hook(cfg, tok, renderer, ro)
+    if kind == "sft":
+        plot_metrics(out / "metrics.jsonl", out / "loss.png", ["loss", "token_accuracy"], "SFT")
+    else:
+        plot_metrics(out / "metrics.jsonl", out / "reward.png", ["reward", "success", "loss"], "RL")
+    result: dict[str, Any] = {"step": learner.step, "final": str(final), **extra, "last": last}
     if hook is not None:
         result["eval"] = hook(learner.step, learner.model)
     atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))
     if not quiet:
-        console.print(f"[green]RL done[/green]: {final}")
+        console.print(f"[green]{kind.upper()} done[/green]: {final}")
     return result
-
