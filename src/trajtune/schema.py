@@ -171,28 +171,25 @@ class Trajectory(_Strict):
         return v
 
 
+def fill_call_id(call: ToolCall, taken: set[str], ordinal: int) -> int:
+    """Give ``call`` the next free ``call_{ordinal:06d}`` id (marked generated); returns the next ordinal."""
+    while f"call_{ordinal:06d}" in taken:
+        ordinal += 1
+    call.id = f"call_{ordinal:06d}"
+    call.id_generated = True
+    taken.add(call.id)
+    return ordinal + 1
+
+
 def generate_call_ids(traj: Trajectory) -> Trajectory:
     """Fill missing call ids deterministically (``call_{ordinal:06d}``, skipping collisions)."""
     taken = {c.id for m in traj.messages for c in (m.tool_calls or []) if c.id}
     ordinal = 0
     for m in traj.messages:
         for c in m.tool_calls or []:
-            if c.id:
-                continue
-            while f"call_{ordinal:06d}" in taken:
-                ordinal += 1
-            c.id = f"call_{ordinal:06d}"
-            c.id_generated = True
-            taken.add(c.id)
-            ordinal += 1
+            if not c.id:
+                ordinal = fill_call_id(c, taken, ordinal)
     return traj
-
-
-def new_call_id(ordinal: int, taken: set[str] | None = None) -> str:
-    taken = taken or set()
-    while f"call_{ordinal:06d}" in taken:
-        ordinal += 1
-    return f"call_{ordinal:06d}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajtune.schema import ToolCall
+from trajtune.schema import ToolCall, fill_call_id
 
 
 @dataclass
@@ -93,12 +93,7 @@ def parse_tool_calls(text: str, parser: str = "hermes", *, taken_ids: set[str] |
         if call.id and call.id not in taken:
             taken.add(call.id)
             continue
-        while f"call_{ordinal:06d}" in taken:
-            ordinal += 1
-        call.id = f"call_{ordinal:06d}"
-        call.id_generated = True
-        taken.add(call.id)
-        ordinal += 1
+        ordinal = fill_call_id(call, taken, ordinal)
     return result
 
 

@@ -43,7 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.envs.tools import error_observations
-from trajtune.schema import Message, Outcome, Provenance, ToolSpec, Trajectory, new_call_id
+from trajtune.schema import Message, Outcome, Provenance, ToolSpec, Trajectory, fill_call_id
 
 Policy = Callable[[list[Message], list[ToolSpec]], Message]
 
@@ -176,8 +176,7 @@ def normalize_action(msg: Any, taken_ids: set[str]) -> Message:
     msg.origin = msg.origin or "agent"
     for c in msg.tool_calls or []:
         if not c.id or c.id in taken_ids:
-            c.id = new_call_id(len(taken_ids), taken_ids)
-            c.id_generated = True
+            fill_call_id(c, taken_ids, len(taken_ids))
         taken_ids.add(c.id)
     return msg
 
