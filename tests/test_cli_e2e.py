@@ -157,3 +157,30 @@ def test_bad_inputs_give_one_clear_message(tmp_path, tiny_dir, data):
         f.unlink()
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, nochat, data_path, tmp_path / "o4"))
     assert r.exit_code == 2 and "no chat template" in r.output and not (tmp_path / "o4").exists()
+
+
+def test_training_refuses_a_template_that_would_mis_mask_unless_split(tmp_path, tiny_dir, data):
+    """A Qwen3-style template drops past <think> blocks: `sft` refuses it up front (doctor checks)
+    with non_prefix: error, and trains with non_prefix: split."""
+    import shutil
+
+    data_path, _ = data
+    q3 = tmp_path / "q3model"
+    shutil.copytree(tiny_dir, q3)
+    template = (Path(__file__).parent / "fixtures" / "templates" / "qwen3.jinja").read_text()
+    tc = json.loads((q3 / "tokenizer_config.json").read_text())
+    tc["chat_template"] = template
+    (q3 / "tokenizer_config.json").write_text(json.dumps(tc))
+    for f in q3.glob("chat_template.*"):
+        f.unlink()
+    out = tmp_path / "q3run"
+    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2))
+    assert r.exit_code == 2 and "fails conformance checks" in r.output and "trajtune doctor" in r.output
+    assert not out.exists()
+    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "data.non_prefix=split",
+                "--set", "data.max_length=100")
+    assert r.exit_code == 2 and "longer than data.max_length (100)" in r.output
+    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "data.non_prefix=split",
+                "--set", "data.max_length=4096", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert (out / "final" / "model.safetensors").exists()

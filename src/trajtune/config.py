@@ -41,6 +41,8 @@ class DataSpec(_C):
     train_on: Literal["all", "last", "hint"] = "hint"
     max_length: int = Field(2048, gt=8)
     truncation: Literal["drop", "truncate", "error"] = "drop"
+    non_prefix: Literal["error", "split"] = Field(
+        "error", description="templates that rewrite earlier turns: refuse (error) or one sample per turn (split)")
     skip_invalid: bool = False
     limit: int | None = Field(None, gt=0)
 

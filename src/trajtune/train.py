@@ -97,6 +97,17 @@ def _eval_hook(cfg: SFTRunConfig | RLRunConfig, tok: Any, renderer: ChatRenderer
     return hook
 
 
+def check_chat_template(tok: Any, config: RenderConfig, model: str) -> None:
+    """Refuse, before any training, a chat template that would mis-mask (the `trajtune doctor` checks)."""
+    from trajtune.chat.doctor import check_template
+
+    report = check_template(tok, config=config)
+    if not report.ok:
+        why = "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
+        raise RenderError(f"the chat template of {model} fails conformance checks ({why}); "
+                          f"see `trajtune doctor --model {model}`")
+
+
 def _write_common(out: Path, cfg: Any, kind: str) -> None:
     atomic_write_text(out / "config.yaml", dump_config(cfg))
     atomic_write_text(out / "run.json", json.dumps({"kind": kind, "started": time.time()}))
@@ -107,7 +118,8 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     check_run_dir(cfg.output_dir, overwrite, resume)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
-    renderer = ChatRenderer(tok, RenderConfig(train_on=cfg.data.train_on))
+    renderer = ChatRenderer(tok, RenderConfig(train_on=cfg.data.train_on, non_prefix=cfg.data.non_prefix))
+    check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     trajs = []
     for i, t in enumerate(iter_data(cfg.data.path, cfg.data.format, cfg.data.skip_invalid)):
         if cfg.data.limit and i >= cfg.data.limit:
@@ -119,11 +131,15 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     with bar("render", len(trajs), enabled=not quiet) as adv:
         for t in trajs:
             try:
-                tts.append(renderer.render(t))
+                tts.extend(renderer.render_samples(t))
             except RenderError as e:
                 raise RenderError(f"{cfg.data.path}: trajectory {t.id!r}: {e}") from None
             adv()
+    n_rendered = len(tts)
     tts, n_cut = fit_length(tts, cfg.data.max_length, cfg.data.truncation)
+    if n_rendered and not tts:
+        raise ValueError(f"all {n_rendered} samples are longer than data.max_length ({cfg.data.max_length}) and "
+                         "were dropped; raise data.max_length or set data.truncation: truncate")
     tts = [t for t in tts if any(w > 0 for w in t.weight)]
     if not tts:
         raise ValueError("no trajectory has a trained token (check data.train_on and the records' train flags)")
@@ -147,6 +163,7 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     renderer = ChatRenderer(tok)
+    check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
     make_env(env_name, **kwargs)  # fail fast on an unknown environment
     out = prepare_run_dir(cfg.output_dir, overwrite, resume)
