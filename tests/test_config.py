@@ -69,3 +69,15 @@ def test_missing_config_and_bad_override(tmp_path):
         apply_overrides({}, ["train.lr"])
     with pytest.raises(ConfigError, match="is not a section"):
         apply_overrides({"train": 3}, ["train.lr=3"])
+
+
+def test_example_configs_validate():
+    from pathlib import Path
+
+    ex = Path(__file__).parent.parent / "examples"
+    cfgs = sorted(ex.glob("*.yaml"))
+    assert len(cfgs) >= 3
+    for p in cfgs:
+        cls = RLRunConfig if p.name.startswith("rl_") else SFTRunConfig
+        cfg = load_config(p, cls)
+        assert cfg.output_dir.startswith("runs/")
