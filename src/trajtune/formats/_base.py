@@ -81,6 +81,47 @@ def content_id(prefix: str, record: Any, line: int | None = None) -> str:
     return f"{prefix}-{digest}"
 
 
+def speaker_turn(t: Any, where: str, roles: dict[str, str], hint: str | None = None) -> tuple[str, str]:
+    """(IR role, text) of a ShareGPT-style turn ``{"from"|"role": ..., "value"|"content": ...}``."""
+    if not isinstance(t, dict):
+        raise ConversionError(f"{where}: expected an object", rule="E111")
+    frm = t.get("from", t.get("role"))
+    value = t.get("value", t.get("content"))
+    role = roles.get(frm) if isinstance(frm, str) else None
+    if role is None:
+        raise ConversionError(f"{where}: unknown speaker {frm!r}", rule="E203", hint=hint)
+    if not isinstance(value, str):
+        raise ConversionError(f"{where}: value must be a string", rule="E204")
+    return role, value
+
+
+def take_record_id(record: dict[str, Any], prefix: str, tx: dict[str, Any]) -> str:
+    """The trajectory id for ``record``; notes in ``tx`` how the source spelled it so export can give it back.
+
+    A missing, null or empty id gets a content hash (``tx["id_absent"]`` says which); a non-string id is
+    kept verbatim in ``tx["id_value"]``."""
+    rid = record.get("id")
+    if rid is None or rid == "":
+        tx["id_absent"] = "absent" if "id" not in record else ("null" if rid is None else "empty")
+        return content_id(prefix, record)
+    if isinstance(rid, str):
+        return rid
+    tx["id_value"] = rid
+    return str(rid)
+
+
+def restore_record_id(tx: dict[str, Any], traj_id: str) -> dict[str, Any]:
+    """The ``id`` entry of an exported record, as ``take_record_id`` found it (``{}`` when it was absent)."""
+    absent = tx.get("id_absent")
+    if absent is None:
+        return {"id": tx.get("id_value", traj_id)}
+    if absent == "null":
+        return {"id": None}
+    if absent == "empty":
+        return {"id": ""}
+    return {}
+
+
 def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Map a source ``arguments`` value to the IR pair (arguments, arguments_raw).
 

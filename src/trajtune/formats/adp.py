@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trajtune.formats._base import foreign_extra_losses, ConversionError, ConversionReport, arguments_dict, content_id, ns
+from trajtune.formats._base import (
+    ConversionError,
+    ConversionReport,
+    arguments_dict,
+    foreign_extra_losses,
+    ns,
+    restore_record_id,
+    take_record_id,
+)
 from trajtune.formats.openai import _tool_to_ir
 from trajtune.schema import (
     CodeAction,
@@ -85,15 +93,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         tx["schema_version"] = version
     else:
         tx["v1"] = True
-    rid = record.get("id")
-    if isinstance(rid, str) and rid:
-        tid = rid
-    elif rid is None or rid == "":
-        tx["id_absent"] = "absent" if "id" not in record else ("null" if rid is None else "empty")
-        tid = content_id("adp", record)
-    else:
-        tx["id_value"] = rid
-        tid = str(rid)
+    tid = take_record_id(record, "adp", tx)
     details = record.get("details")
     if "details" not in record:
         tx["details_absent"] = True
@@ -280,14 +280,7 @@ def from_ir(traj: Trajectory, version: str | None = None) -> tuple[dict[str, Any
     if version is None:
         version = "1" if tx.get("v1") else tx.get("schema_version", DEFAULT_VERSION)
     v1 = version == "1"
-    rec: dict[str, Any] = {}
-    absent = tx.get("id_absent")
-    if absent is None:
-        rec["id"] = tx.get("id_value", traj.id)
-    elif absent == "null":
-        rec["id"] = None
-    elif absent == "empty":
-        rec["id"] = ""
+    rec: dict[str, Any] = restore_record_id(tx, traj.id)
     if not v1:
         rec["schema_version"] = version
     items: list[dict[str, Any]] = []

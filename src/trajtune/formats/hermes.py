@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from trajtune.formats._base import ConversionError, ConversionReport, content_id, parse_arguments
+from trajtune.formats._base import ConversionError, ConversionReport, content_id, parse_arguments, speaker_turn
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
 from trajtune.schema import Message, Provenance, ToolCall, ToolSpec, Trajectory, generate_call_ids
 
@@ -148,15 +148,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     pairs: list[tuple[Message, ToolCall]] = []
     for i, t in enumerate(turns):
         where = f"turn {i}"
-        if not isinstance(t, dict):
-            raise ConversionError(f"{where}: expected an object", rule="E111")
-        frm = t.get("from", t.get("role"))
-        value = t.get("value", t.get("content"))
-        role = _ROLE.get(frm) if isinstance(frm, str) else None
-        if role is None:
-            raise ConversionError(f"{where}: unknown speaker {frm!r}", rule="E203")
-        if not isinstance(value, str):
-            raise ConversionError(f"{where}: value must be a string", rule="E204")
+        role, value = speaker_turn(t, where, _ROLE)
         if role == "system":
             tools.extend(parse_tools_block(value, report))
             messages.append(Message(role="system", content=value))

@@ -15,9 +15,10 @@ from trajtune.formats._base import (
     ConversionError,
     ConversionReport,
     arguments_text,
-    content_id,
     ns,
     parse_arguments,
+    restore_record_id,
+    take_record_id,
 )
 from trajtune.schema import (
     ImagePart,
@@ -139,15 +140,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     if not isinstance(msgs_in, list):
         raise ConversionError("missing 'messages' list", hint="an OpenAI chat record is {\"messages\": [...], \"tools\": [...]}")
     textra: dict[str, Any] = {}
-    rid = record.get("id")
-    if rid is None or rid == "":
-        textra["id_absent"] = "absent" if "id" not in record else ("null" if rid is None else "empty")
-        tid = content_id("openai", record)
-    elif isinstance(rid, str):
-        tid = rid
-    else:
-        textra["id_value"] = rid
-        tid = str(rid)
+    tid = take_record_id(record, "openai", textra)
     top = {k: v for k, v in record.items() if k not in {"id", "messages", "tools", "functions", "metadata"}}
     if top:
         textra["top"] = top
@@ -354,14 +347,7 @@ def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:
     report = ConversionReport(source_format="ir", target_format=NAME)
     tx = ns(traj.extra, "openai")
     foreign_extra_losses(traj.extra, "openai", report)
-    rec: dict[str, Any] = {}
-    absent = tx.get("id_absent")
-    if absent is None:
-        rec["id"] = tx.get("id_value", traj.id)
-    elif absent == "null":
-        rec["id"] = None
-    elif absent == "empty":
-        rec["id"] = ""
+    rec: dict[str, Any] = restore_record_id(tx, traj.id)
     messages: list[dict[str, Any]] = []
     for m in traj.messages:
         mx = ns(m.extra, "openai")

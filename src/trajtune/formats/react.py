@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from trajtune.formats._base import ConversionError, ConversionReport, content_id
+from trajtune.formats._base import ConversionError, ConversionReport, content_id, speaker_turn
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
 from trajtune.schema import Message, Provenance, ToolCall, Trajectory, generate_call_ids
 
@@ -140,15 +140,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         key = "conversations" if isinstance(record.get("conversations"), list) else "messages"
         for i, t in enumerate(record[key]):
             where = f"{key}[{i}]"
-            if not isinstance(t, dict):
-                raise ConversionError(f"{where}: expected an object", rule="E111")
-            frm = t.get("from", t.get("role"))
-            value = t.get("value", t.get("content"))
-            role = _ROLE.get(frm) if isinstance(frm, str) else None
-            if role is None:
-                raise ConversionError(f"{where}: unknown speaker {frm!r}", rule="E203", hint="use human, gpt or system")
-            if not isinstance(value, str):
-                raise ConversionError(f"{where}: value must be a string", rule="E204")
+            role, value = speaker_turn(t, where, _ROLE, hint="use human, gpt or system")
             loss = t.get("loss")
             if loss is not None and not isinstance(loss, bool):
                 raise ConversionError(f"{where}: loss must be true, false or null", rule="E111")
