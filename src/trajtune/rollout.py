@@ -27,6 +27,7 @@ from trajtune.chat.render import (
     TokenTrajectory,
 )
 from trajtune.envs.base import Environment, StepResult, Task
+from trajtune.envs.runner import step_batch
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 
 
@@ -81,21 +82,8 @@ def _round_seed(seed: int, *parts: Any) -> int:
 
 
 def default_step(envs: Sequence[Environment], actions: Sequence[Message], timeout_s: float) -> list[StepResult]:
-    """Step each environment; tool failures become observations, never crashes."""
-    try:
-        from trajtune.envs.runner import step_batch  # thread pool with per-step timeouts
-    except ImportError:
-        step_batch = None
-    if step_batch is not None:
-        return step_batch(list(envs), list(actions), timeout_s=timeout_s)
-    out = []
-    for env, act in zip(envs, actions):
-        try:
-            out.append(env.step(act))
-        except Exception as e:  # noqa: BLE001 - an environment bug ends that episode only
-            out.append(StepResult(observations=[], reward=0.0, done=True, info={"error": repr(e)},
-                                  termination="env_error"))
-    return out
+    """Step each environment through the runner: tool failures and hangs become observations, never crashes."""
+    return step_batch(list(envs), list(actions), timeout_s=timeout_s)
 
 
 @torch.no_grad()
@@ -253,14 +241,12 @@ def _finish(e: _Live) -> Episode:
         metadata={"env": e.env.name, "seed": e.task.seed, "split": e.task.split, "turns": e.turns,
                   "format_errors": e.format_errors, **({"error": e.error} if e.error else {})},
     )
-    n = len(e.ids)
     tt = TokenTrajectory(
         ids=e.ids, source=e.source, turn=e.turn,
         weight=[1.0 if s == SOURCE_POLICY else 0.0 for s in e.source],
         logprobs=e.logprobs, traj_id=e.task.id, reward=e.reward, success=success, termination=e.termination,
         meta={"format_errors": e.format_errors, "turns": e.turns},
     )
-    assert len(tt.ids) == n
     tt.check()
     if any(math.isnan(x) for x in e.logprobs):
         raise FloatingPointError("NaN log-probability during rollout")
