@@ -19,6 +19,7 @@ from trajtune.algorithms.sft import SFTObjective
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import RLRunConfig, SFTRunConfig, dump_config
 from trajtune.envs.base import make_env
+from trajtune.formats import load_any
 from trajtune.eval.run import evaluate
 from trajtune.experience import DatasetSource, RolloutSource
 from trajtune.learner import Learner, LearnerConfig, set_seed
@@ -26,7 +27,7 @@ from trajtune.models.loading import load_model, load_tokenizer
 from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
 from trajtune.rollout import RolloutConfig
-from trajtune.schema import Trajectory, atomic_write_text, read_trajectories
+from trajtune.schema import Trajectory, atomic_write_text
 
 
 class RunDirError(FileExistsError):
@@ -60,17 +61,8 @@ def prepare_run_dir(path: str | Path, overwrite: bool = False, resume: bool = Fa
 
 
 def iter_data(path: str, fmt: str | None, skip_invalid: bool = False) -> Iterator[Trajectory]:
-    """Read training data in any supported format (native IR by default)."""
-    try:
-        from trajtune.formats import load_any
-    except ImportError:
-        load_any = None
-    if load_any is not None:
-        yield from load_any(path, format=fmt, skip_invalid=skip_invalid)
-        return
-    if fmt not in (None, "ir", "trajtune"):
-        raise ValueError(f"data format {fmt!r} is not supported by this installation")
-    yield from read_trajectories(path)
+    """Read training data in any supported format (auto-detected when ``fmt`` is None)."""
+    yield from load_any(path, format=fmt, skip_invalid=skip_invalid)
 
 
 def learner_config(cfg: SFTRunConfig | RLRunConfig, micro: int) -> LearnerConfig:
