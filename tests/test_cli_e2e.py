@@ -184,3 +184,33 @@ def test_training_refuses_a_template_that_would_mis_mask_unless_split(tmp_path, 
                 "--set", "data.max_length=4096", "--quiet")
     assert r.exit_code == 0, r.output
     assert (out / "final" / "model.safetensors").exists()
+
+
+def test_rl_killed_between_checkpoints_resumes_to_the_same_rollouts_and_weights(tmp_path, tiny_dir):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from trajtune.config import RLRunConfig, load_config
+    from trajtune.train import run_rl
+
+    def cfg(out):
+        return load_config(None, RLRunConfig, [f"model={tiny_dir}", f"output_dir={out}", "env=home",
+                                                "rollout.max_turns=2", "rollout.max_new_tokens=16",
+                                                "rollout.max_length=512", "rl.tasks_per_step=2", "rl.group_size=2",
+                                                "rl.n_train_tasks=8", "rl.drop_equal_groups=false", "train.steps=3",
+                                                "train.lr=1e-3", "train.save_every=1", "train.keep_last=5"])
+
+    run_rl(cfg(tmp_path / "full"), quiet=True)
+    run_rl(cfg(tmp_path / "killed"), quiet=True, stop_after=2)
+    shutil.rmtree(tmp_path / "killed" / "checkpoints" / "step-000002")  # killed after step 2's rollouts, before its checkpoint
+    logged = [json.loads(l)["step"] for l in (tmp_path / "killed" / "rollouts.jsonl").read_text().splitlines()]
+    assert logged == [1] * 4 + [2] * 4
+    run_rl(cfg(tmp_path / "killed"), quiet=True, resume=True)
+
+    full = (tmp_path / "full" / "rollouts.jsonl").read_text()
+    assert [json.loads(l)["step"] for l in full.splitlines()] == [1] * 4 + [2] * 4 + [3] * 4
+    assert (tmp_path / "killed" / "rollouts.jsonl").read_text() == full  # no doubled step-2 episodes
+    a = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    b = load_file(tmp_path / "killed" / "final" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

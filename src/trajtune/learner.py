@@ -29,6 +29,7 @@ import torch
 from trajtune.algorithms.base import Objective
 from trajtune.algorithms.batch import collate
 from trajtune.chat.render import TokenTrajectory
+from trajtune.schema import atomic_write_text
 
 
 class ExperienceSource(Protocol):
@@ -86,6 +87,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def truncate_step_log(path: Path, step: int) -> None:
+    """Drop the lines a killed run wrote for steps after its last checkpoint, so a resumed run does
+    not log them twice (the resumed run redoes those steps exactly). Rewritten atomically."""
+    if not path.exists():
+        return
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+
+
 def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
@@ -117,6 +127,8 @@ class Learner:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.ckpt_root = self.out / "checkpoints"
         self.metrics_path = self.out / "metrics.jsonl"
+        # JSONL logs with a "step" per line; on resume, lines of steps after the checkpoint are dropped.
+        self.step_logs: list[Path] = [self.metrics_path]
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -173,16 +185,9 @@ class Learner:
         self.scheduler.load_state_dict(st["scheduler"])
         _set_rng_state(st["rng"])
         self.step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
-        self._truncate_metrics(self.step)
+        for path in self.step_logs:
+            truncate_step_log(path, self.step)
         return self.step
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines a killed run wrote after its last checkpoint, so they are not doubled."""
-        if not self.metrics_path.exists():
-            return
-        keep = [ln for ln in self.metrics_path.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= step]
-        self.metrics_path.write_text("".join(ln + "\n" for ln in keep))
 
     def log(self, record: dict[str, Any]) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

@@ -171,9 +171,10 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
     episodes_path = out / "rollouts.jsonl"
 
     def keep_episodes(step: int, episodes: list[Any]) -> None:
+        # Tagged with the optimizer step they feed (step + 1), the same number metrics.jsonl uses.
         with episodes_path.open("a") as f:
             for e in episodes:
-                f.write(json.dumps({"step": step, **e.trajectory.model_dump(mode="json", exclude_none=True)}) + "\n")
+                f.write(json.dumps({"step": step + 1, **e.trajectory.model_dump(mode="json", exclude_none=True)}) + "\n")
 
     source = RolloutSource(tok, lambda: make_env(env_name, **kwargs), tasks, ro, cfg.rl.tasks_per_step,
                            cfg.rl.group_size, cfg.rl.estimator, cfg.rl.drop_equal_groups, dict(cfg.rl.termination),
@@ -184,6 +185,7 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
     hook = _eval_hook(cfg, tok, renderer, ro)
     learner = Learner(model, tok, objective, source, learner_config(cfg, cfg.train.micro_batch_size), out,
                       eval_hook=hook, stop_after=stop_after)
+    learner.step_logs.append(episodes_path)
     return _train_and_finish(learner, cfg, out, "rl", resume, quiet, hook, {})
 
 
