@@ -79,8 +79,12 @@ def demo(
     n_train: Annotated[Optional[int], typer.Option(help="Expert trajectories for SFT.")] = None,
     n_test: Annotated[Optional[int], typer.Option(help="Held-out evaluation tasks.")] = None,
     sft_steps: Annotated[Optional[int], typer.Option(help="SFT optimizer steps.")] = None,
-    weak_sft_steps: Annotated[Optional[int], typer.Option(help="Steps of the deliberately under-trained SFT.")] = None,
-    rl_steps: Annotated[Optional[int], typer.Option(help="GRPO steps (each run).")] = None,
+    weak_sft_steps: Annotated[Optional[int], typer.Option(
+        help="Pin the under-trained checkpoint to this SFT step (default: the newest checkpoint that "
+             "still fails 10 % of a probe of training tasks).")] = None,
+    rl_steps: Annotated[Optional[int], typer.Option(help="GRPO steps from the under-trained checkpoint.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Any other demo setting (see demo_config.yaml of a run): --set rl_lr=2e-4 (repeatable).")] = None,
 ) -> None:
     """Build a tiny model locally, SFT it on expert trajectories, GRPO it, evaluate each stage.
 
@@ -89,10 +93,15 @@ def demo(
 
     Example: trajtune demo --out runs/demo --overwrite
     """
+    from trajtune.config import apply_overrides
     from trajtune.demo import run_demo
 
-    run_demo(out, overwrite=overwrite, seed=seed, n_train=n_train, n_test=n_test, sft_steps=sft_steps,
-             weak_sft_steps=weak_sft_steps, rl_steps=rl_steps)
+    extra = apply_overrides({}, set_ or [])
+    nested = [k for k, v in extra.items() if isinstance(v, dict)]
+    if nested:
+        raise ValueError(f"--set {nested[0]}...: demo settings are flat keys, e.g. --set rl_lr=2e-4")
+    run_demo(out, overwrite=overwrite, seed=seed, **{"n_train": n_train, "n_test": n_test, "sft_steps": sft_steps,
+                                                     "weak_sft_steps": weak_sft_steps, "rl_steps": rl_steps, **extra})
 
 
 def register(app: typer.Typer) -> None:
