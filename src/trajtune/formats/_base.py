@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from trajtune.schema import Trajectory
+from trajtune.schema import Message, ToolCall, Trajectory, generate_call_ids
 
 
 class ConversionError(ValueError):
@@ -64,6 +64,24 @@ class Format(Protocol):
     def to_ir(self, record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]: ...
 
     def from_ir(self, traj: Trajectory) -> tuple[Any, ConversionReport]: ...
+
+
+def expect_object(value: Any, where: str | None = None) -> dict[str, Any]:
+    """``value`` if it is a JSON object; else the one error every converter gives (E105 for a whole
+    record, E111 for a part of one at ``where``)."""
+    if isinstance(value, dict):
+        return value
+    if where is None:
+        raise ConversionError(f"expected a JSON object, got {type(value).__name__}", rule="E105")
+    raise ConversionError(f"{where}: expected an object, got {type(value).__name__}", rule="E111")
+
+
+def link_tool_results(traj: Trajectory, pairs: list[tuple[Message, ToolCall]]) -> None:
+    """Fill missing call ids, then give each tool result the id of the call it answers (formats that
+    pair results with calls by position rather than by id)."""
+    generate_call_ids(traj)
+    for msg, call in pairs:
+        msg.tool_call_id = call.id
 
 
 def canonical_json(obj: Any) -> str:

@@ -15,6 +15,7 @@ from trajtune.formats._base import (
     ConversionError,
     ConversionReport,
     arguments_dict,
+    expect_object,
     foreign_extra_losses,
     ns,
     restore_record_id,
@@ -78,8 +79,7 @@ def _num_or_none(v: Any, where: str) -> float | None:
 
 def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
     report = ConversionReport(source_format=NAME, target_format="ir")
-    if not isinstance(record, dict):
-        raise ConversionError(f"expected a JSON object, got {type(record).__name__}", rule="E105")
+    expect_object(record)
     items = record.get("content")
     if not isinstance(items, list):
         raise ConversionError("missing 'content' list of ADP actions/observations",
@@ -123,8 +123,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     needs_pairing: list[Message] = []
     for i, it in enumerate(items):
         where = f"content[{i}]"
-        if not isinstance(it, dict):
-            raise ConversionError(f"{where}: expected an object, got {type(it).__name__}", rule="E111")
+        expect_object(it, where)
         cls = it.get("class_")
         if not isinstance(cls, str) or cls not in _MAPPED:
             raise ConversionError(f"{where}: unknown class_ {cls!r}", rule="E111",

@@ -17,9 +17,17 @@ import json
 import re
 from typing import Any
 
-from trajtune.formats._base import ConversionError, ConversionReport, content_id, parse_arguments, speaker_turn
+from trajtune.formats._base import (
+    ConversionError,
+    ConversionReport,
+    content_id,
+    expect_object,
+    link_tool_results,
+    parse_arguments,
+    speaker_turn,
+)
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
-from trajtune.schema import Message, Provenance, ToolCall, ToolSpec, Trajectory, generate_call_ids
+from trajtune.schema import Message, Provenance, ToolCall, ToolSpec, Trajectory
 
 NAME = "hermes"
 _ROLE = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "tool": "tool"}
@@ -135,8 +143,7 @@ def parse_assistant_text(text: str, report: ConversionReport, where: str = "") -
 
 def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
     report = ConversionReport(source_format=NAME, target_format="ir")
-    if not isinstance(record, dict):
-        raise ConversionError(f"expected a JSON object, got {type(record).__name__}", rule="E105")
+    expect_object(record)
     turns = _turns(record)
     if turns is None:
         raise ConversionError("missing 'conversations' or 'messages' list", hint='{"conversations": [{"from": "human", "value": ...}]}')
@@ -175,9 +182,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     traj = Trajectory(id=tid, messages=messages, tools=tools,
                       provenance=Provenance(source_format=NAME, record_id=str(rid) if rid is not None else None,
                                             converter="trajtune.formats.hermes"))
-    generate_call_ids(traj)
-    for msg, call in pairs:
-        msg.tool_call_id = call.id
+    link_tool_results(traj, pairs)
     return traj, report
 
 

@@ -11,10 +11,11 @@ import json
 from typing import Any
 
 from trajtune.formats._base import (
-    foreign_extra_losses,
     ConversionError,
     ConversionReport,
     arguments_text,
+    expect_object,
+    foreign_extra_losses,
     ns,
     parse_arguments,
     restore_record_id,
@@ -134,8 +135,7 @@ def _tool_to_ir(spec: Any, legacy: bool) -> ToolSpec:
 
 def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
     report = ConversionReport(source_format=NAME, target_format="ir")
-    if not isinstance(record, dict):
-        raise ConversionError(f"expected a JSON object, got {type(record).__name__}", rule="E105")
+    expect_object(record)
     msgs_in = record.get("messages")
     if not isinstance(msgs_in, list):
         raise ConversionError("missing 'messages' list", hint="an OpenAI chat record is {\"messages\": [...], \"tools\": [...]}")
@@ -168,8 +168,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     legacy_pairs: list[tuple[Message, str | None]] = []
     for i, m in enumerate(msgs_in):
         where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise ConversionError(f"{where}: expected an object, got {type(m).__name__}", rule="E111")
+        expect_object(m, where)
         role = m.get("role")
         if not isinstance(role, str) or role not in _ROLES:
             raise ConversionError(f"{where}: invalid role {role!r}", rule="E203",

@@ -18,9 +18,16 @@ import json
 import re
 from typing import Any
 
-from trajtune.formats._base import ConversionError, ConversionReport, content_id, speaker_turn
+from trajtune.formats._base import (
+    ConversionError,
+    ConversionReport,
+    content_id,
+    expect_object,
+    link_tool_results,
+    speaker_turn,
+)
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
-from trajtune.schema import Message, Provenance, ToolCall, Trajectory, generate_call_ids
+from trajtune.schema import Message, Provenance, ToolCall, Trajectory
 
 NAME = "react"
 _LABEL = re.compile(r"^[ \t]*(Thought|Action Input|Action|Observation|Act)(?:[ \t]+\d+)?[ \t]*:[ \t]?", re.I | re.M)
@@ -115,8 +122,7 @@ def _observation_text(value: str) -> str | None:
 
 def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
     report = ConversionReport(source_format=NAME, target_format="ir")
-    if not isinstance(record, dict):
-        raise ConversionError(f"expected a JSON object, got {type(record).__name__}", rule="E105")
+    expect_object(record)
     rid = record.get("id")
     tid = str(rid) if isinstance(rid, (str, int)) and not isinstance(rid, bool) and str(rid) else content_id("react", record)
     turns: list[tuple[str, str, bool | None]] = []  # (role, text, train)
@@ -173,9 +179,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     traj = Trajectory(id=tid, messages=messages,
                       provenance=Provenance(source_format=NAME, record_id=str(rid) if rid is not None else None,
                                             converter="trajtune.formats.react"))
-    generate_call_ids(traj)
-    for msg, call in pairs:
-        msg.tool_call_id = call.id
+    link_tool_results(traj, pairs)
     return traj, report
 
 

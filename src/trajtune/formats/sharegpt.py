@@ -11,9 +11,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trajtune.formats._base import ConversionError, ConversionReport, arguments_dict, content_id, parse_arguments
+from trajtune.formats._base import (
+    ConversionError,
+    ConversionReport,
+    arguments_dict,
+    content_id,
+    expect_object,
+    link_tool_results,
+    parse_arguments,
+)
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
-from trajtune.schema import Message, Provenance, ToolCall, ToolSpec, Trajectory, generate_call_ids
+from trajtune.schema import Message, Provenance, ToolCall, ToolSpec, Trajectory
 
 NAME = "sharegpt"
 _ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
@@ -80,8 +88,7 @@ def _parse_calls(value: Any, where: str) -> list[ToolCall]:
 
 def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
     report = ConversionReport(source_format=NAME, target_format="ir")
-    if not isinstance(record, dict):
-        raise ConversionError(f"expected a JSON object, got {type(record).__name__}", rule="E105")
+    expect_object(record)
     conv = record.get("conversations")
     if not isinstance(conv, list):
         raise ConversionError("missing 'conversations' list", hint='ShareGPT records are {"conversations": [{"from": "human", "value": ...}]}')
@@ -137,9 +144,7 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
                       provenance=Provenance(source_format=NAME, record_id=record.get("id") if isinstance(record.get("id"), str) else None,
                                             converter="trajtune.formats.sharegpt"),
                       extra={"sharegpt": {"top": extra}} if extra else {})
-    generate_call_ids(traj)
-    for msg, call in pairs:
-        msg.tool_call_id = call.id
+    link_tool_results(traj, pairs)
     return traj, report
 
 

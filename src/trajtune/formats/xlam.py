@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from trajtune.formats._base import ConversionError, ConversionReport, arguments_dict, content_id, parse_arguments
+from trajtune.formats._base import (
+    ConversionError,
+    ConversionReport,
+    arguments_dict,
+    content_id,
+    expect_object,
+    parse_arguments,
+)
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
 from trajtune.formats.sharegpt import parse_tools
 from trajtune.schema import Message, Provenance, ToolCall, Trajectory, generate_call_ids
@@ -38,8 +45,7 @@ def _call(c: Any, where: str) -> ToolCall:
 
 def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, ConversionReport]:
     report = ConversionReport(source_format=NAME, target_format="ir")
-    if not isinstance(record, dict):
-        raise ConversionError(f"expected a JSON object, got {type(record).__name__}", rule="E105")
+    expect_object(record)
     conv = record.get("conversation")
     if not isinstance(conv, list):
         raise ConversionError("missing 'conversation' list", hint="xLAM records are {unique_trajectory_id, task_instruction, tools, conversation}")
