@@ -168,6 +168,7 @@ def test_template_that_refuses_a_generation_prompt_after_a_tool_result_is_handle
     # Accepts add_generation_prompt only after a user turn; renders finished assistant turns anywhere.
     tpl = ("{% if add_generation_prompt and messages[-1].role != 'user' %}"
            "{{ raise_exception('the last message must be a user turn') }}{% endif %}"
+           "{% if tools %}<|im_start|>tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
            "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
            "<|im_end|>\n{% endfor %}"

@@ -75,9 +75,13 @@ def test_template_that_drops_the_system_prompt_fails():
 def test_template_that_drops_tool_calls_fails():
     tpl = CHATML.replace("{%- for tool_call in message.tool_calls or [] %}", "{%- for tool_call in [] %}")
     assert tpl != CHATML
-    report = check_template(tokenizer_for("chatml"), chat_template=tpl)
-    assert not report.ok
-    assert status(report, "provenance") == "fail" and status(report, "tool_call_roundtrip") == "fail"
+    native = check_template(tokenizer_for("chatml"), chat_template=tpl, config=RenderConfig(tool_format="native"))
+    assert not native.ok and status(native, "render") == "fail"
+    assert "tool call 'get_weather' is not rendered" in native.get("render").detail
+    # auto writes the calls as Hermes text instead, and says why
+    auto = check_template(tokenizer_for("chatml"), chat_template=tpl)
+    assert auto.ok and auto.tool_format == "hermes"
+    assert "does not render tool calls" in auto.get("tool_format").detail
 
 
 def test_wrong_parser_fails_the_round_trip():

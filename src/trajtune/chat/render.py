@@ -11,18 +11,30 @@ masking path and the same token boundaries.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trajtune.chat.profile import (
+    PROBE_CALL_ID,
+    PROBE_TOOL,
+    TemplateProfile,
+    probe_call,
+    probe_template,
+    probe_tool_role,
+    reasoning_inline,
+)
 from trajtune.chat.templates import (
     adapt_call_ids,
+    detect_call_end_of_turn,
     detect_end_of_turn,
     inline_reasoning,
     needs_mistral_ids,
-    reasoning_mode,
+    special_strings,
     template_source,
 )
-from trajtune.schema import Message, ToolSpec, Trajectory
+from trajtune.chat.tool_formats import FALLBACK_ORDER, TOOL_FORMATS, ToolFormat
+from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
 SOURCE_PROMPT, SOURCE_POLICY, SOURCE_ENV, SOURCE_PAD = 0, 1, 2, 3
 SOURCE_NAMES = {SOURCE_PROMPT: "prompt", SOURCE_POLICY: "policy", SOURCE_ENV: "env", SOURCE_PAD: "pad"}
@@ -74,31 +86,45 @@ class TokenTrajectory:
         return sum(1 for s in self.source if s == SOURCE_POLICY)
 
 
+ToolFormatName = Literal["auto", "native", "hermes", "llama3_json", "pythonic"]
+
+
 @dataclass
 class RenderConfig:
     """How to turn assistant turns into trained tokens.
 
     ``train_on``: ``all`` assistant turns, ``last`` turn only, or ``hint`` (every assistant turn
-    unless its ``train`` flag is False). ``end_of_turn``: the string that closes an assistant turn
-    (default: detected from the template, else the tokenizer's eos token). ``non_prefix``: what to
-    do when a template rewrites earlier turns (e.g. drops past ``<think>`` blocks): ``error``
-    raises; ``split`` makes ``render_samples`` emit one sample per assistant turn, each with the
-    prefix the model would really see. ``call_ids``: ``auto`` adapts ids where a template family
-    requires it (Mistral: 9 alphanumeric characters), ``keep`` passes them unchanged, ``mistral``
-    forces the adaptation. ``reasoning``: how ``reasoning_content`` reaches the template — ``auto``
-    (``field`` if the template reads ``reasoning_content``, ``inline`` as a ``<think>`` block if it
-    mentions ``<think>``, else ``drop``). ``thought`` (a visible rationale kept apart in the IR, e.g.
-    ADP's ``description``): ``content`` puts it before the content, separated by a blank line, so it
-    is trained; ``drop`` leaves it out. ``template_kwargs``: extra variables for the template
-    (e.g. ``{"enable_thinking": False}``).
+    unless its ``train`` flag is False). ``end_of_turn``: the string(s) that close an assistant turn
+    (default: detected from the template per turn type — an answer and a tool call may close
+    differently — else the tokenizer's eos token). ``non_prefix``: what to do when a template
+    rewrites earlier turns (e.g. drops past ``<think>`` blocks): ``error`` raises; ``split`` makes
+    ``render_samples`` emit one sample per assistant turn, each with the prefix the model would
+    really see. ``call_ids``: ``auto`` adapts ids where a template family requires it (Mistral: 9
+    alphanumeric characters), ``keep`` passes them unchanged, ``mistral`` forces the adaptation.
+    ``reasoning``: how ``reasoning_content`` reaches the template — ``auto`` (``field`` if the
+    template renders a reasoning field, ``inline`` as a ``<think>`` block if it handles ``<think>``,
+    else ``drop``). ``thought`` (a visible rationale kept apart in the IR, e.g. ADP's
+    ``description``): ``content`` puts it before the content, separated by a blank line, so it is
+    trained; ``drop`` leaves it out. ``tool_format``: ``native`` passes tools and calls to the
+    template; ``hermes`` / ``llama3_json`` / ``pythonic`` write them as text in that convention
+    (for templates with no tool support); ``auto`` uses ``native`` where the template renders tools
+    and calls and its calls parse back, else the first fallback that renders. ``system_role`` /
+    ``tool_role`` / ``content_format`` / ``arguments_format``: ``auto`` probes the template; set one
+    to force it. ``template_kwargs``: extra variables for the template (e.g.
+    ``{"enable_thinking": False}``).
     """
 
     train_on: Literal["all", "last", "hint"] = "hint"
-    end_of_turn: str | None = None
+    end_of_turn: str | list[str] | None = None
     non_prefix: Literal["error", "split"] = "error"
     call_ids: Literal["auto", "keep", "mistral"] = "auto"
     reasoning: Literal["auto", "field", "inline", "drop"] = "auto"
     thought: Literal["content", "drop"] = "content"
+    tool_format: ToolFormatName = "auto"
+    system_role: Literal["auto", "native", "fold"] = "auto"
+    tool_role: Literal["auto", "native", "user"] = "auto"
+    content_format: Literal["auto", "string", "parts"] = "auto"
+    arguments_format: Literal["auto", "dict", "string"] = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,46 +136,58 @@ class NonPrefixError(RenderError):
         self.where = where
 
 
-def message_to_template_dict(m: Message, id_map: dict[str, str] | None = None,
-                             reasoning: str = "field", thought: str = "content") -> dict[str, Any]:
-    """The dict HF chat templates expect. Arguments go in as dicts (a string would be double-encoded).
+def _template_args(c: ToolCall, as_string: bool) -> Any:
+    """A call's arguments for a template: a dict (a string would be double-encoded), or the JSON
+    string for templates that print arguments as given. A call whose arguments could not be decoded
+    (``arguments`` None, ``arguments_raw`` set) is passed as the raw string: that is the text the model
+    wrote, and templates such as Qwen's print a string as-is."""
+    if c.arguments is not None:
+        return json.dumps(c.arguments, ensure_ascii=False) if as_string else c.arguments
+    if c.arguments_raw is not None:
+        try:
+            decoded = json.loads(c.arguments_raw)
+        except json.JSONDecodeError:
+            decoded = None
+        if isinstance(decoded, dict) and not as_string:
+            return decoded
+        return c.arguments_raw
+    return "{}" if as_string else {}
 
-    A call whose arguments could not be decoded (``arguments`` None, ``arguments_raw`` set) is
-    passed as the raw string: that is the text the model wrote, and templates such as Qwen's print
-    a string as-is. ``id_map`` renames call ids (see ``templates.adapt_call_ids``); ``reasoning``
-    says where ``reasoning_content`` goes (``field``, ``inline`` into the content, or ``drop``);
-    ``thought`` whether a visible thought is prepended to the content.
+
+def message_to_template_dict(m: Message, id_map: dict[str, str] | None = None,
+                             reasoning: str = "field", thought: str = "content", *,
+                             tool_format: ToolFormat | None = None, arguments: str = "dict",
+                             reasoning_field: str = "reasoning_content") -> dict[str, Any]:
+    """The dict HF chat templates expect for one IR message.
+
+    ``id_map`` renames call ids (see ``templates.adapt_call_ids``); ``reasoning`` says where
+    ``reasoning_content`` goes (``field`` under the key ``reasoning_field``, ``inline`` into the
+    content, or ``drop``); ``thought`` whether a visible thought is prepended to the content. With a
+    ``tool_format`` the calls are written into the content as text and tool results wrapped in that
+    format's markup; ``arguments`` is ``dict`` or ``string`` (JSON text, for templates that print it).
     """
     ids = id_map or {}
     content = m.text() if m.content is not None else ""
     if m.thought and thought == "content" and m.role == "assistant":
         content = f"{m.thought}\n\n{content}" if content else m.thought
+    if tool_format is not None and m.role == "tool":
+        content = tool_format.result_text(content)
     d: dict[str, Any] = {"role": m.role, "content": content}
     if m.name is not None:
         d["name"] = m.name
-    if m.tool_calls:
-        calls = []
-        for c in m.tool_calls:
-            if c.arguments is not None:
-                args: Any = c.arguments
-            elif c.arguments_raw is not None:
-                try:
-                    decoded = json.loads(c.arguments_raw)
-                except json.JSONDecodeError:
-                    decoded = None
-                args = decoded if isinstance(decoded, dict) else c.arguments_raw
-            else:
-                args = {}
-            calls.append({"id": ids.get(c.id, c.id), "type": "function",
-                          "function": {"name": c.name, "arguments": args}})
-        d["tool_calls"] = calls
+    if m.tool_calls and tool_format is not None:
+        d["content"] = tool_format.assistant_text(content, m.tool_calls)
+    elif m.tool_calls:
+        d["tool_calls"] = [{"id": ids.get(c.id, c.id), "type": "function",
+                            "function": {"name": c.name, "arguments": _template_args(c, arguments == "string")}}
+                           for c in m.tool_calls]
     if m.tool_call_id is not None:
         d["tool_call_id"] = ids.get(m.tool_call_id, m.tool_call_id)
     if m.reasoning_content is not None:
         if reasoning == "field":
-            d["reasoning_content"] = m.reasoning_content
+            d[reasoning_field] = m.reasoning_content
         elif reasoning == "inline" and m.role == "assistant":
-            d["content"] = inline_reasoning(m.reasoning_content, content)
+            d["content"] = inline_reasoning(m.reasoning_content, d["content"])
     return d
 
 
@@ -174,22 +212,168 @@ class ChatRenderer:
         self.chat_template = chat_template
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise RenderError(
-                "the tokenizer has no chat template; pass one (render.chat_template / --template FILE) "
-                "or use a model whose tokenizer_config.json defines `chat_template`"
+                "the tokenizer has no chat template; pass one (model.chat_template in the config, --template FILE "
+                "on the command line) or use a model whose tokenizer_config.json defines `chat_template`"
             )
         self.template = template_source(tokenizer, chat_template)
         self._gen_header: str | None = None
         self._gen_header_known = False
         ids = self.config.call_ids
         self.id_style = ("mistral" if needs_mistral_ids(self.template) else "keep") if ids == "auto" else ids
-        r = self.config.reasoning
-        self.reasoning = reasoning_mode(self.template) if r == "auto" else r
-        eot = self.config.end_of_turn or detect_end_of_turn(self.render_text, tokenizer) \
-            or getattr(tokenizer, "eos_token", None)
-        if not eot:
-            raise RenderError("no end-of-turn string: the tokenizer has no eos_token; set render.end_of_turn")
-        self.eot = eot
-        self._eot_ids = self.encode(eot)
+        self.format: ToolFormat | None = None
+        self.profile = self._profile()
+        self.reasoning, self.reasoning_field = self._reasoning()
+        self.tool_format, self.tool_format_reason = self._resolve_tool_format()
+        self.format = TOOL_FORMATS.get(self.tool_format)
+        self._probe_tool_role()
+        self.eots = self._end_of_turns()
+        self.eot = self.eots[0]
+        self._eot_re = re.compile("|".join(re.escape(e) for e in sorted(self.eots, key=len, reverse=True)))
+
+    # -- what the template can do ------------------------------------------------------------
+    def _profile(self) -> TemplateProfile:
+        """Probe the template, then apply the config's explicit choices over what was measured."""
+        p = probe_template(self._render_raw)
+        c = self.config
+        for key, attr in (("system_role", "system_role"), ("content_format", "content"),
+                          ("arguments_format", "arguments")):
+            value = getattr(c, key)
+            if value != "auto" and value != getattr(p, attr):
+                setattr(p, attr, value)
+                p.notes.append(f"render.{key}: {value} (set in the config)")
+        return p
+
+    def _reasoning(self) -> tuple[str, str]:
+        r, found = self.config.reasoning, self.profile.reasoning_field
+        if r == "auto":
+            r = "field" if found else ("inline" if reasoning_inline(self.template) else "drop")
+        return r, found or "reasoning_content"
+
+    def _resolve_tool_format(self) -> tuple[str, str]:
+        """``native`` where the template renders tools and calls and the calls parse back; else the
+        first text format whose probe conversation renders completely."""
+        chosen = self.config.tool_format
+        if chosen != "auto":
+            return chosen, "set in the config"
+        p = self.profile
+        if p.tools_rendered and p.calls_rendered:
+            why = self._native_roundtrip_problem()
+            if why is None:
+                return "native", "the template renders tools and tool calls, and its calls parse back"
+        else:
+            missing = [w for w, ok in (("tools", p.tools_rendered), ("tool calls", p.calls_rendered)) if not ok]
+            why = f"the template does not render {' or '.join(missing)}"
+        for name in FALLBACK_ORDER:
+            if self._fallback_renders(TOOL_FORMATS[name]):
+                return name, f"{why}: tools, calls and results are written as {name} text"
+        raise RenderError(f"{why}, and no text tool format renders through it either (hermes, llama3_json, "
+                          "pythonic were tried); pass a template with --template FILE / model.chat_template")
+
+    def _native_roundtrip_problem(self) -> str | None:
+        from trajtune.chat.parsers import detect_parser, parse_tool_calls
+
+        parser = detect_parser(self.template)
+        if parser is None:
+            return "no tool-call parser recognises the template's call format"
+        user = {"role": "user", "content": self._wrap("Hi")}
+        call = probe_call(self.profile.arguments)
+        call_turn = {"role": "assistant", "content": self._wrap(""), "tool_calls": [call]}
+        try:
+            prompt = self.render_text([user], [PROBE_TOOL], True)
+            full = self.render_text([user, call_turn], [PROBE_TOOL], False)
+        except RenderError as e:
+            return f"the template fails on a tool call ({e})"
+        body = full[len(prompt):] if full.startswith(prompt) else full[full.find("Hi") + 2:]
+        want = [(call["function"]["name"], {"zq_key": "Zq7-argument"})]
+        # The turn ends with closing tokens the parser need not understand (``<|end|>``, an eos):
+        # peel them off one at a time until the call reads back.
+        specials = special_strings(self.tok)
+        while True:
+            parsed = parse_tool_calls(body, parser, reasoning=True)
+            if [(c.name, c.arguments) for c in parsed.tool_calls] == want:
+                return None
+            stripped = body.rstrip(" \t\r\n")
+            last = next((t for t in specials if stripped.endswith(t)), None)
+            if last is None:
+                return f"the {parser!r} parser does not read back the template's calls"
+            body = stripped[: -len(last)]
+
+    def _fallback_renders(self, fmt: ToolFormat) -> bool:
+        tools = [ToolSpec(name="zq_probe_lookup", description="Zq8 looks up a probe value.")]
+        call = ToolCall(id="call_000000", name="zq_probe_lookup", arguments={"zq_key": "Zq7-argument"})
+        msgs = [Message(role="user", content="Hi"), Message(role="assistant", tool_calls=[call]),
+                Message(role="tool", tool_call_id=call.id, content="Zq6 tool result")]
+        saved = self.format
+        self.format = fmt
+        try:
+            dicts, t = self.template_inputs(msgs, tools)
+            text = self.render_text(dicts, t, False)
+        except RenderError:
+            return False
+        finally:
+            self.format = saved
+        return all(w in text for w in ("zq_probe_lookup", "Zq8 looks up", "Zq7-argument"))
+
+    def _probe_tool_role(self) -> None:
+        if self.config.tool_role != "auto":
+            self.profile.tool_role = self.config.tool_role
+            self.profile.notes.append(f"render.tool_role: {self.config.tool_role} (set in the config)")
+            return
+        if self.format is None:
+            assistant = {"role": "assistant", "content": self._wrap(""), "tool_calls": [probe_call(self.profile.arguments)]}
+            tools: Any = [PROBE_TOOL]
+        else:
+            assistant = {"role": "assistant", "content": self._wrap("<tool_call>x</tool_call>")}
+            tools = None
+        probe_tool_role(self._render_raw, self.profile, assistant, tools)
+
+    def _end_of_turns(self) -> list[str]:
+        """The strings that close an assistant turn: an answer's closer first, then a call's if it differs."""
+        given = self.config.end_of_turn
+        if given:
+            return [given] if isinstance(given, str) else list(given)
+        final = detect_end_of_turn(self._render_raw, self.tok, self._wrap)
+        eots = [final] if final else []
+        if self.format is None and self.profile.calls_rendered:
+            user = {"role": "user", "content": self._wrap("Hi")}
+            call_turn = {"role": "assistant", "content": self._wrap(""),
+                         "tool_calls": [probe_call(self.profile.arguments)]}
+            result = {"role": "tool" if self.profile.tool_role == "native" else "user",
+                      "tool_call_id": PROBE_CALL_ID, "content": self._wrap("Zq6 tool result")}
+            call_eot = detect_call_end_of_turn(self._render_raw, self.tok, [user], call_turn, result, [PROBE_TOOL],
+                                               "Zq7-argument")
+            if call_eot and call_eot not in eots:
+                eots.append(call_eot)
+        if not eots:
+            eos = getattr(self.tok, "eos_token", None)
+            if not eos:
+                raise RenderError("no end-of-turn string: the tokenizer has no eos_token; set render.end_of_turn")
+            eots = [eos]
+        return eots
+
+    def _wrap(self, text: str) -> Any:
+        return [{"type": "text", "text": text}] if self.profile.content == "parts" else text
+
+    def _render_raw(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool) -> str:
+        return self.render_text(messages, tools, add_generation_prompt)
+
+    def describe(self) -> list[str]:
+        """What this renderer does with the template, in words (for ``trajtune doctor``)."""
+        lines = [f"tool format: {self.tool_format} ({self.tool_format_reason}); parser: {self.parser}"]
+        lines += self.profile.notes
+        if len(self.eots) > 1:
+            lines.append(f"end of turn differs by turn type: {self.eots[0]!r} after an answer, "
+                         f"{self.eots[1]!r} after a tool call")
+        return lines
+
+    @property
+    def parser(self) -> str | None:
+        """The registered parser that reads this renderer's tool calls back from model text."""
+        if self.format is not None:
+            return self.format.parser
+        from trajtune.chat.parsers import detect_parser
+
+        return detect_parser(self.template)
 
     # -- text -------------------------------------------------------------------------------
     def render_text(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -251,23 +435,60 @@ class ChatRenderer:
             self._gen_header_known = True
         return self._gen_header
 
-    def template_messages(self, messages: list[Message]) -> list[dict[str, Any]]:
-        """IR messages as template dicts, with this template's id and reasoning adaptations."""
+    def template_inputs(self, messages: list[Message],
+                        tools: list[ToolSpec] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """IR messages and tools as this template takes them: ``(messages, tools)`` for
+        ``apply_chat_template``, with every adaptation the profile and the tool format call for.
+
+        Each adaptation is local to a message or to the start of the conversation, so converting a
+        prefix of a conversation gives a prefix of the converted conversation wherever it ends at
+        an assistant turn: delta rendering stays exact.
+        """
         id_map = adapt_call_ids(messages, self.id_style)
-        return [message_to_template_dict(m, id_map, self.reasoning, self.config.thought) for m in messages]
+        p, fmt = self.profile, self.format
+        dicts = [message_to_template_dict(m, id_map, self.reasoning, self.config.thought, tool_format=fmt,
+                                          arguments=p.arguments, reasoning_field=self.reasoning_field)
+                 for m in messages]
+        if p.tool_role == "user":
+            dicts = [{"role": "user", "content": d["content"]} if d["role"] == "tool" else d for d in dicts]
+        template_tools = tools_to_template(tools or [])
+        if fmt is not None and tools:
+            tool_text = fmt.system_text(tools)
+            template_tools = None
+            if dicts and dicts[0]["role"] == "system":
+                first = dicts[0]["content"]
+                dicts[0] = {**dicts[0], "content": f"{first}\n\n{tool_text}" if first else tool_text}
+            else:
+                dicts.insert(0, {"role": "system", "content": tool_text})
+        if p.system_role == "fold":
+            dicts = _fold_system(dicts)
+        if p.alternation:
+            dicts = _merge_user_side(dicts)
+        if p.content == "parts":
+            dicts = [{**d, "content": [{"type": "text", "text": d["content"]}]} if isinstance(d.get("content"), str)
+                     else d for d in dicts]
+        return dicts, template_tools
+
+    def template_messages(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> list[dict[str, Any]]:
+        """IR messages as template dicts (see ``template_inputs``)."""
+        return self.template_inputs(messages, tools)[0]
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
 
+    def _last_eot_end(self, text: str) -> int:
+        """Index just after the last end-of-turn string in ``text``, or -1."""
+        ends = [text.rfind(e) + len(e) for e in self.eots if e in text]
+        return max(ends) if ends else -1
+
     def split_policy(self, delta: str) -> tuple[str, str]:
         """Split an assistant delta into (text through end-of-turn, trailing text)."""
-        idx = delta.rfind(self.eot)
-        if idx < 0:
+        cut = self._last_eot_end(delta)
+        if cut < 0:
             raise RenderError(
-                f"end-of-turn {self.eot!r} not found in the rendered assistant turn {delta[-80:]!r}; "
-                "set render.end_of_turn to the string your template closes assistant turns with"
+                f"end-of-turn {' or '.join(map(repr, self.eots))} not found in the rendered assistant turn "
+                f"{delta[-80:]!r}; set render.end_of_turn to the string your template closes assistant turns with"
             )
-        cut = idx + len(self.eot)
         return delta[:cut], delta[cut:]
 
     def _prefix_check(self, before: str, after: str, where: str) -> None:
@@ -281,16 +502,18 @@ class ChatRenderer:
                 where,
             )
 
-    def _turn(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, i: int) -> tuple[str, str, str]:
-        """(generation prompt before message i, policy text of message i through eot, full render)."""
-        prompt = self.generation_prompt_text(msgs[:i], tools)
-        full = self.render_text(msgs[: i + 1], tools, add_generation_prompt=False)
+    def _turn(self, traj: Trajectory, i: int) -> tuple[str, str]:
+        """(generation prompt before message i, policy text of message i through end-of-turn)."""
+        before, tools = self.template_inputs(traj.messages[:i], traj.tools)
+        through, _ = self.template_inputs(traj.messages[: i + 1], traj.tools)
+        prompt = self.generation_prompt_text(before, tools)
+        full = self.render_text(through, tools, add_generation_prompt=False)
         if not full.startswith(prompt):
             # Not fixable by splitting: the turn itself does not extend its own generation prompt
             # (e.g. the prompt opens a <think> block that the rendered turn strips).
             self._prefix_check(prompt, full, f"message {i} (assistant turn vs its generation prompt)")
         policy, _tail = self.split_policy(full[len(prompt):])
-        return prompt, policy, full
+        return prompt, policy
 
     # -- the segments ---------------------------------------------------------------------------
     def segment_texts(self, traj: Trajectory) -> list[tuple[int, str, int]]:
@@ -300,10 +523,9 @@ class ChatRenderer:
         template puts after end-of-turn (e.g. a newline, or Phi-3's closing eos) opens the
         following segment only if the next rendering keeps it. The trajectory ends at the last
         end-of-turn if it ends with an assistant turn. Raises ``NonPrefixError`` where a later
-        rendering rewrites text already emitted.
+        rendering rewrites text already emitted, and ``RenderError`` where the template drops a
+        message's content, a call or a tool result (see ``verify``).
         """
-        msgs = self.template_messages(traj.messages)
-        tools = tools_to_template(traj.tools)
         segments: list[tuple[int, str, int]] = []
         committed = ""  # text emitted as segments so far (ends at the last end-of-turn)
         pending_source = SOURCE_PROMPT  # the first segment is always the prompt
@@ -312,7 +534,7 @@ class ChatRenderer:
                 if segments and (m.role == "tool" or m.origin == "environment"):
                     pending_source = SOURCE_ENV
                 continue
-            prompt, policy, _full = self._turn(msgs, tools, i)
+            prompt, policy = self._turn(traj, i)
             self._prefix_check(committed, prompt, f"message {i} (generation prompt)")
             if len(prompt) > len(committed):
                 segments.append((pending_source, prompt[len(committed):], i))
@@ -320,11 +542,49 @@ class ChatRenderer:
             committed = prompt + policy
             pending_source = SOURCE_PROMPT
         if traj.messages and traj.messages[-1].role != "assistant":
+            msgs, tools = self.template_inputs(traj.messages, traj.tools)
             full = self.render_text(msgs, tools, add_generation_prompt=False)
             self._prefix_check(committed, full, "the final messages")
             if len(full) > len(committed):
-                segments.append((pending_source, full[len(committed):], len(msgs) - 1))
+                segments.append((pending_source, full[len(committed):], len(traj.messages) - 1))
+        self.verify(traj, {mi: t for src, t, mi in segments if src == SOURCE_POLICY}, "".join(t for _, t, _ in segments))
         return segments
+
+    def verify(self, traj: Trajectory, policy: dict[int, str], text: str) -> None:
+        """Refuse a rendering that lost part of the conversation: an assistant message's content, a
+        tool call (name and argument keys), a tool result, or the tools themselves.
+
+        ``policy`` maps assistant message indices to their policy text, ``text`` is everything
+        rendered. A template that silently drops these would train the model on a conversation
+        different from the data, so this is an error, never a warning.
+        """
+        def seen(needle: str, hay: str) -> bool:
+            needle = needle.strip()
+            return not needle or needle in hay or json.dumps(needle, ensure_ascii=False)[1:-1] in hay \
+                or json.dumps(needle)[1:-1] in hay
+
+        hint_fmt = "set render.tool_format: hermes (tools, calls and results written as text)"
+        for i, m in enumerate(traj.messages):
+            where = f"trajectory {traj.id!r}, message {i} ({m.role})"
+            if m.role == "assistant" and i in policy:
+                body = policy[i]
+                if not seen(m.text(), body):
+                    hint = ("the template drops an assistant turn's content when it has tool calls; " + hint_fmt
+                            + ", or remove that content") if m.tool_calls else "check the template"
+                    raise RenderError(f"{where}: its content does not appear in the rendered turn: {hint}")
+                for c in m.tool_calls or []:
+                    keys = list(c.arguments) if isinstance(c.arguments, dict) else []
+                    missing = [w for w in [c.name] + keys if not seen(w, body)]
+                    if missing:
+                        raise RenderError(f"{where}: tool call {c.name!r} is not rendered ({', '.join(map(repr, missing))} "
+                                          f"missing from the turn): {hint_fmt}")
+            elif m.role == "tool" and not seen(m.text(), text):
+                raise RenderError(f"{where}: the tool result does not appear in the rendered text: set "
+                                  "render.tool_role: user (results rendered as user turns)")
+        absent = [t.name for t in traj.tools if t.name not in text]
+        if absent and any(m.role == "assistant" for m in traj.messages):
+            raise RenderError(f"trajectory {traj.id!r}: tools {absent} do not appear in the rendered prompt, so the "
+                              f"model would never see them: {hint_fmt}")
 
     def observation_text(self, history: list[Message], tools: list[ToolSpec], n_prev: int) -> str:
         """Text to append after an assistant turn: what the template puts after its end-of-turn,
@@ -334,29 +594,27 @@ class ChatRenderer:
         rollout keeps the tokens the model actually saw, and the observation is cut from the new
         rendering after the same number of end-of-turn strings.
         """
-        msgs = self.template_messages(history)
-        t = tools_to_template(tools)
-        before = self.render_text(msgs[:n_prev], t, add_generation_prompt=False)
+        msgs, t = self.template_inputs(history, tools)
+        prev, _ = self.template_inputs(history[:n_prev], tools)
+        before = self.render_text(prev, t, add_generation_prompt=False)
         after = self.generation_prompt_text(msgs, t)
-        idx = before.rfind(self.eot)
-        if idx < 0:
+        cut = self._last_eot_end(before)
+        if cut < 0:
             raise RenderError(f"end-of-turn {self.eot!r} not found after assistant message {n_prev - 1}")
-        cut = idx + len(self.eot)
         try:
             self._prefix_check(before[:cut], after, f"message {n_prev} (observation)")
         except NonPrefixError:
             if self.config.non_prefix != "split":
                 raise
-            k, pos = before.count(self.eot), -1
-            for _ in range(k):
-                pos = after.find(self.eot, pos + 1)
-                if pos < 0:
-                    raise
-            return after[pos + len(self.eot):]
+            k = len(self._eot_re.findall(before))
+            found = list(self._eot_re.finditer(after))
+            if len(found) < k:
+                raise
+            return after[found[k - 1].end():]
         return after[cut:]
 
     def prompt_text(self, messages: list[Message], tools: list[ToolSpec]) -> str:
-        return self.generation_prompt_text(self.template_messages(messages), tools_to_template(tools))
+        return self.generation_prompt_text(*self.template_inputs(messages, tools))
 
     # -- tokens ---------------------------------------------------------------------------------
     def _turn_weight(self, traj: Trajectory, mi: int, last_assistant: int) -> float:
@@ -422,22 +680,27 @@ class ChatRenderer:
         policy. ``turn`` is the turn's index in the conversation for every token of the sample.
         Turns with weight 0 (``train_on``) are left out unless ``include_untrained``.
         """
-        msgs = self.template_messages(traj.messages)
-        tools = tools_to_template(traj.tools)
         assistant_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
         last_assistant = assistant_idx[-1] if assistant_idx else -1
         samples: list[TokenTrajectory] = []
+        policies: dict[int, str] = {}
+        seen_text = ""
         for k, i in enumerate(assistant_idx):
+            prompt, policy = self._turn(traj, i)
+            policies[i] = policy
+            seen_text += prompt + policy
             w = self._turn_weight(traj, i, last_assistant)
             if w == 0.0 and not include_untrained:
                 continue
-            prompt, policy, _full = self._turn(msgs, tools, i)
             p_ids, a_ids = self.encode(prompt), self.encode(policy)
             samples.append(self._token_trajectory(
                 traj, p_ids + a_ids, [SOURCE_PROMPT] * len(p_ids) + [SOURCE_POLICY] * len(a_ids),
                 [k] * (len(p_ids) + len(a_ids)), [0.0] * len(p_ids) + [w] * len(a_ids),
                 meta={"split_turn": k, "message_index": i},
             ))
+        if traj.messages and traj.messages[-1].role != "assistant":
+            seen_text += self.render_text(*self.template_inputs(traj.messages, traj.tools), add_generation_prompt=False)
+        self.verify(traj, policies, seen_text)
         for s in samples:
             s.meta["n_samples"] = len(samples)
         return samples
@@ -459,6 +722,36 @@ class ChatRenderer:
             if self.config.non_prefix != "split":
                 raise
         return self.render_split(traj, include_untrained=include_untrained)
+
+
+def _fold_system(dicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages folded into the next user message (for templates that refuse the role)."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for d in dicts:
+        if d["role"] == "system":
+            pending.append(d["content"])
+            continue
+        if pending and d["role"] == "user":
+            d = {**d, "content": "\n\n".join(pending + [d["content"]])}
+            pending = []
+        out.append(d)
+    if pending:
+        raise RenderError("the template refuses system messages and no user message follows the system prompt to "
+                          "fold it into; add a user turn or pass a template that accepts a system role")
+    return out
+
+
+def _merge_user_side(dicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user messages merged into one (for templates that require strict alternation)."""
+    out: list[dict[str, Any]] = []
+    for d in dicts:
+        if out and d["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{d['content']}"}
+        else:
+            out.append(d)
+    return out
+
 
 def render_trajectory(traj: Trajectory, tokenizer: Any, config: RenderConfig | None = None) -> TokenTrajectory:
     return ChatRenderer(tokenizer, config).render(traj)

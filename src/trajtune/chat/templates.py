@@ -77,12 +77,22 @@ def adapt_call_ids(messages: list[Any], style: str) -> dict[str, str]:
     return mapping
 
 
+_JINJA_COMMENT = re.compile(r"\{#.*?#\}", re.DOTALL)
+
+
+def strip_jinja_comments(template: str) -> str:
+    """The template without ``{# … #}`` comments (real templates mention ``<think>`` in comments)."""
+    return _JINJA_COMMENT.sub("", template)
+
+
 def reasoning_mode(template: str) -> str:
-    """Where a template wants reasoning: ``field`` (reads ``reasoning_content``), ``inline`` (expects
-    ``<think>`` inside the content, e.g. DeepSeek-R1 style), or ``drop`` (knows nothing of it)."""
-    if "reasoning_content" in template:
+    """Where a template wants reasoning, judged from its source alone: ``field`` (reads
+    ``reasoning_content``), ``inline`` (expects ``<think>`` inside the content, e.g. DeepSeek-R1 style),
+    or ``drop`` (knows nothing of it). Comments are ignored. ``probe_template`` refines this by rendering."""
+    code = strip_jinja_comments(template)
+    if "reasoning_content" in code:
         return "field"
-    if "<think>" in template or "</think>" in template:
+    if "<think>" in code or "</think>" in code:
         return "inline"
     return "drop"
 
@@ -98,27 +108,107 @@ def special_strings(tokenizer: Any) -> list[str]:
 
 
 _PROBE = "Q7v-probe-answer"
+_WS = " \t\r\n"
 
 
-def detect_end_of_turn(render: Any, tokenizer: Any) -> str | None:
-    """The special token a template writes right after an assistant's content, or None.
+def _run_after(text: str, pos: int, specials: list[str]) -> list[str]:
+    """The special tokens at ``text[pos:]``, whitespace allowed between them."""
+    run: list[str] = []
+    while True:
+        while pos < len(text) and text[pos] in _WS:
+            pos += 1
+        s = next((s for s in specials if text.startswith(s, pos)), None)
+        if s is None:
+            return run
+        run.append(s)
+        pos += len(s)
+
+
+def _run_before_end(text: str, specials: list[str]) -> tuple[list[str], int]:
+    """The special tokens that end ``text`` (whitespace allowed) and where that run starts."""
+    run: list[str] = []
+    end = len(text)
+    while True:
+        while end > 0 and text[end - 1] in _WS:
+            end -= 1
+        s = next((s for s in specials if text.endswith(s, 0, end)), None)
+        if s is None:
+            return run[::-1], end
+        run.append(s)
+        end -= len(s)
+
+
+def _common_prefix(a: list[str], b: list[str]) -> list[str]:
+    out = []
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        out.append(x)
+    return out
+
+
+def closing_token(final_run: list[str], next_run: list[str]) -> str | None:
+    """The string that closes a turn, from the special tokens after it when the conversation ends there
+    (``final_run``) and when another message follows (``next_run``).
+
+    The closer is the last token the two runs share: that drops what only closes the whole
+    conversation (Phi-3's trailing eos) and what only opens the next message, and it keeps a real
+    stop token that comes after an end-of-response marker (Cohere's ``<|END_RESPONSE|>
+    <|END_OF_TURN_TOKEN|>``: the stop token is the second). Where the runs share nothing (GPT-OSS
+    ends the last answer with ``<|return|>`` but earlier ones with ``<|end|>``) the first token of
+    the final run closes the turn being generated.
+    """
+    common = _common_prefix(final_run, next_run)
+    if common:
+        return common[-1]
+    return final_run[0] if final_run else None
+
+
+def detect_end_of_turn(render: Any, tokenizer: Any, wrap: Any = None) -> str | None:
+    """The special token that closes an assistant answer, or None.
 
     Why not just ``eos_token``: Gemma closes turns with ``<end_of_turn>`` (eos is ``<eos>``), Phi-3
     with ``<|end|>``, Llama-3 base tokenizers with ``<|eot_id|>`` (eos ``<|end_of_text|>``). Training
-    on the wrong one teaches the model never to stop. ``render(messages, tools, gen)`` returns text.
+    on the wrong one teaches the model never to stop. ``render(messages, tools, gen)`` returns text;
+    ``wrap(text)`` gives message content in the form the template reads (string or parts).
     """
+    w = wrap or (lambda t: t)
+    specials = special_strings(tokenizer)
     try:
-        text = render([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE}], None, False)
+        last = render([{"role": "user", "content": w("Hi")}, {"role": "assistant", "content": w(_PROBE)}], None, False)
+        more = render([{"role": "user", "content": w("Hi")}, {"role": "assistant", "content": w(_PROBE)},
+                       {"role": "user", "content": w("Again")}], None, False)
     except Exception:
         return None
-    i = text.rfind(_PROBE)
-    if i < 0:
+    i, j = last.rfind(_PROBE), more.find(_PROBE)
+    if i < 0 or j < 0:
         return None
-    after = text[i + len(_PROBE):].lstrip(" \n")
-    for s in special_strings(tokenizer):
-        if after.startswith(s):
-            return s
-    return None
+    return closing_token(_run_after(last, i + len(_PROBE), specials), _run_after(more, j + len(_PROBE), specials))
+
+
+def detect_call_end_of_turn(render: Any, tokenizer: Any, prompt: list[dict[str, Any]], call_turn: dict[str, Any],
+                            result: dict[str, Any], tools: Any, marker: str) -> str | None:
+    """The special token that closes an assistant turn holding a tool call, or None if the template
+    writes none of its own there. GPT-OSS closes calls with ``<|call|>`` and answers with ``<|return|>``.
+
+    ``marker`` is a string inside the call (an argument value): the text from it to the end of the
+    turn locates the same place in the rendering that continues with the tool result, even where
+    the template rewrites the turn once it is no longer the last (Qwen3 drops its ``<think>``).
+    """
+    specials = special_strings(tokenizer)
+    try:
+        last = render(prompt + [call_turn], tools, False)
+        more = render(prompt + [call_turn, result], tools, False)
+    except Exception:
+        return None
+    final_run, start = _run_before_end(last, specials)
+    at = last.rfind(marker, 0, start)
+    if not final_run or at < 0:
+        return None
+    anchor = last[at:start]
+    found = more.find(anchor)
+    next_run = _run_after(more, found + len(anchor), specials) if found >= 0 else []
+    return closing_token(final_run, next_run)
 
 
 def inline_reasoning(reasoning: str, content: str) -> str:
