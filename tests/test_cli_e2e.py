@@ -177,10 +177,10 @@ def test_training_refuses_a_template_that_would_mis_mask_unless_split(tmp_path, 
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2))
     assert r.exit_code == 2 and "fails conformance checks" in r.output and "trajtune doctor" in r.output
     assert not out.exists()
-    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "data.non_prefix=split",
+    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "render.non_prefix=split",
                 "--set", "data.max_length=100")
     assert r.exit_code == 2 and "longer than data.max_length (100)" in r.output
-    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "data.non_prefix=split",
+    r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "render.non_prefix=split",
                 "--set", "data.max_length=4096", "--quiet")
     assert r.exit_code == 0, r.output
     assert (out / "final" / "model.safetensors").exists()

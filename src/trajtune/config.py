@@ -41,10 +41,55 @@ class DataSpec(_C):
     train_on: Literal["all", "last", "hint"] = "hint"
     max_length: int = Field(2048, gt=8)
     truncation: Literal["drop", "truncate", "error"] = "drop"
-    non_prefix: Literal["error", "split"] = Field(
-        "error", description="templates that rewrite earlier turns: refuse (error) or one sample per turn (split)")
     skip_invalid: bool = False
     limit: int | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "non_prefix" in v:
+            raise ValueError("data.non_prefix moved to render.non_prefix (with the other chat-template options)")
+        return v
+
+
+class RenderSpec(_C):
+    """How conversations become tokens through the model's chat template (``trajtune doctor`` shows
+    what ``auto`` resolves to for a model)."""
+
+    tool_format: Literal["auto", "native", "hermes", "llama3_json", "pythonic"] = Field(
+        "auto", description="native: the template's own tool support; hermes / llama3_json / pythonic: tools, calls "
+        "and results written as text in that convention; auto: native where the template renders tools and calls, "
+        "else hermes")
+    end_of_turn: str | list[str] | None = Field(
+        None, description="string(s) closing an assistant turn; default: detected per turn type from the template")
+    non_prefix: Literal["error", "split"] = Field(
+        "error", description="templates that rewrite earlier turns: refuse (error) or one sample per turn (split)")
+    call_ids: Literal["auto", "keep", "mistral"] = Field(
+        "auto", description="adapt tool-call ids to what the template accepts (mistral: 9 alphanumeric characters)")
+    reasoning: Literal["auto", "field", "inline", "drop"] = Field(
+        "auto", description="where reasoning_content goes: the template's reasoning field, an inline <think> block, "
+        "or nowhere")
+    thought: Literal["content", "drop"] = Field(
+        "content", description="a visible thought (e.g. ADP's description): trained before the content, or dropped")
+    system_role: Literal["auto", "native", "fold"] = Field(
+        "auto", description="fold: the system prompt goes into the first user turn (auto: when the template refuses "
+        "a system message)")
+    tool_role: Literal["auto", "native", "user"] = Field(
+        "auto", description="user: tool results are rendered as user turns (auto: when the template refuses tool "
+        "messages)")
+    content_format: Literal["auto", "string", "parts"] = Field(
+        "auto", description="parts: message content passed as a list of text parts (auto: when the template ignores "
+        "plain strings)")
+    arguments_format: Literal["auto", "dict", "string"] = Field(
+        "auto", description="string: tool-call arguments passed as JSON text (auto: when the template prints "
+        "arguments as given)")
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra template variables, e.g. {enable_thinking: false}")
+
+    def to_render_config(self, train_on: str = "hint") -> Any:
+        from trajtune.chat.render import RenderConfig
+
+        return RenderConfig(train_on=train_on, **self.model_dump())  # type: ignore[arg-type]
 
 
 class TrainSpec(_C):
@@ -95,7 +140,7 @@ class RolloutSpec(_C):
     max_length: int = Field(2048, gt=8)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    parser: str = "hermes"
+    parser: str = Field("auto", description="tool-call parser; auto: the one matching the render tool format")
     batch_size: int = Field(32, gt=0)
     step_timeout_s: float = Field(30.0, gt=0)
 
@@ -150,6 +195,7 @@ class _RunBase(_C):
     model: ModelSpec
     output_dir: str
     seed: int = 0
+    render: RenderSpec = Field(default_factory=RenderSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec | None = None
 
@@ -240,6 +286,18 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
     data = apply_overrides(data, overrides or [])
     try:
         return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+class _RenderOnly(_C):
+    render: RenderSpec = Field(default_factory=RenderSpec)
+
+
+def load_render(options: dict[str, Any], source: str = "--set render.*") -> RenderSpec:
+    """Render options given outside a run config (``trajtune eval`` / ``doctor`` ``--set render.KEY=VALUE``)."""
+    try:
+        return _RenderOnly.model_validate({"render": options}).render
     except ValidationError as e:
         raise ConfigError(_format_errors(e, source)) from None
 

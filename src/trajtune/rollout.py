@@ -38,7 +38,7 @@ class RolloutConfig:
     max_length: int = 2048  # whole episode, prompt included
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
-    parser: str = "hermes"
+    parser: str = "auto"  # auto: the renderer's (the one matching its tool format)
     batch_size: int = 32
     step_timeout_s: float = 30.0
 
@@ -88,9 +88,13 @@ def default_step(envs: Sequence[Environment], actions: Sequence[Message], timeou
 
 @torch.no_grad()
 def _generate(model: Any, tok: Any, seqs: list[list[int]], max_new: list[int], cfg: RolloutConfig,
-              eot_id: int, seed: int) -> list[tuple[list[int], list[float], bool]]:
-    """Continue each sequence; returns (new ids, their log-probs, ended with end-of-turn) per row."""
+              eot_ids: list[int], seed: int) -> list[tuple[list[int], list[float], bool]]:
+    """Continue each sequence; returns (new ids, their log-probs, ended with end-of-turn) per row.
+
+    ``eot_ids`` are the tokens that close a turn (an answer and a tool call may close differently)."""
     device = next(model.parameters()).device
+    eot_id = eot_ids[0]
+    stops = set(eot_ids)
     width = max(len(s) for s in seqs)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eot_id
     input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -100,7 +104,7 @@ def _generate(model: Any, tok: Any, seqs: list[list[int]], max_new: list[int], c
         attn[r, width - len(s):] = 1
     greedy = cfg.temperature <= 0
     gen_kwargs: dict[str, Any] = dict(
-        max_new_tokens=max(max_new), do_sample=not greedy, eos_token_id=eot_id, pad_token_id=pad,
+        max_new_tokens=max(max_new), do_sample=not greedy, eos_token_id=list(eot_ids), pad_token_id=pad,
         return_dict_in_generate=True, output_logits=True, use_cache=True,
     )
     if not greedy:
@@ -122,7 +126,7 @@ def _generate(model: Any, tok: Any, seqs: list[list[int]], max_new: list[int], c
             t = int(new[r, j])
             ids.append(t)
             lps.append(float(logp[r, j]))
-            if t == eot_id:
+            if t in stops:
                 ended = True
                 break
         results.append((ids, lps, ended))
@@ -144,17 +148,16 @@ def run_rollouts(
     """Roll out ``model`` on every task (in batches of ``config.batch_size``)."""
     renderer = renderer or ChatRenderer(tokenizer)
     step_fn = step_fn or default_step
-    eot_ids = renderer.encode(renderer.eot)
-    if len(eot_ids) != 1:
-        raise RenderError(f"end-of-turn {renderer.eot!r} must be a single token to stop generation, got {eot_ids}")
-    eot_id = eot_ids[0]
+    eot_ids = renderer.stop_ids()
+    if config.parser == "auto":
+        config = RolloutConfig(**{**config.__dict__, "parser": renderer.parser or "hermes"})
     was_training = model.training
     model.eval()
     episodes: list[Episode] = []
     try:
         for b0 in range(0, len(tasks), config.batch_size):
             batch = list(tasks[b0:b0 + config.batch_size])
-            episodes += _run_batch(model, tokenizer, renderer, env_factory, batch, config, seed, b0, eot_id, step_fn)
+            episodes += _run_batch(model, tokenizer, renderer, env_factory, batch, config, seed, b0, eot_ids, step_fn)
             if progress:
                 progress(len(batch))
     finally:
@@ -163,7 +166,7 @@ def run_rollouts(
 
 
 def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
-               tasks: list[Task], cfg: RolloutConfig, seed: int, batch_index: int, eot_id: int,
+               tasks: list[Task], cfg: RolloutConfig, seed: int, batch_index: int, eot_ids: list[int],
                step_fn: Callable[..., list[StepResult]]) -> list[Episode]:
     live: list[_Live] = []
     for task in tasks:
@@ -180,7 +183,7 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
         if not active:
             break
         room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
-        gens = _generate(model, tok, [e.ids for e in active], room, cfg, eot_id,
+        gens = _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids,
                          _round_seed(seed, batch_index, round_no))
         round_no += 1
         stepping: list[tuple[_Live, Message]] = []

@@ -110,7 +110,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     check_run_dir(cfg.output_dir, overwrite, resume)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
-    renderer = ChatRenderer(tok, RenderConfig(train_on=cfg.data.train_on, non_prefix=cfg.data.non_prefix))
+    renderer = ChatRenderer(tok, cfg.render.to_render_config(train_on=cfg.data.train_on))
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     trajs = []
     for i, t in enumerate(iter_data(cfg.data.path, cfg.data.format, cfg.data.skip_invalid)):
@@ -154,7 +154,7 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
     check_run_dir(cfg.output_dir, overwrite, resume)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
-    renderer = ChatRenderer(tok)
+    renderer = ChatRenderer(tok, cfg.render.to_render_config())
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
     make_env(env_name, **kwargs)  # fail fast on an unknown environment

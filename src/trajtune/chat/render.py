@@ -473,6 +473,17 @@ class ChatRenderer:
         """IR messages as template dicts (see ``template_inputs``)."""
         return self.template_inputs(messages, tools)[0]
 
+    def stop_ids(self) -> list[int]:
+        """The token ids generation stops on: one per end-of-turn string (each must be one token)."""
+        out = []
+        for e in self.eots:
+            ids = self.encode(e)
+            if len(ids) != 1:
+                raise RenderError(f"end-of-turn {e!r} must be a single token to stop generation, got {ids}; add it "
+                                  "as a special token or set render.end_of_turn")
+            out.append(ids[0])
+        return out
+
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"]) if text else []
 

@@ -18,21 +18,36 @@ def doctor_cmd(
                                          "template): " + ", ".join(available_parsers())),
     non_prefix: str = typer.Option("error", "--non-prefix", help="How training will treat templates that rewrite "
                                    "earlier turns: 'error' (fail) or 'split' (warn; one sample per turn)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Render option as training would set it: "
+                                             "--set render.tool_format=hermes (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Check that a chat template renders agent conversations in a trainable way.
 
-    Renders a multi-turn tool conversation and reports prefix stability, generation-marker
-    coverage, assistant mask vs provenance, tool-call round trip, end-of-turn token, system
-    prompt and tools, thinking handling. Exits 1 if a check fails, 2 on bad input.
+    Renders a multi-turn tool conversation and reports the tool format used (the template's own,
+    or Hermes/Llama-3-JSON/pythonic text for templates without tool support) and why, the
+    adaptations made (system prompt folded, tool results as user turns, ...), prefix stability,
+    generation-marker coverage, assistant mask vs provenance, tool-call round trip, end-of-turn
+    token per turn type, system prompt and tools, thinking handling. Exits 1 if a check fails, 2
+    on bad input.
 
-    Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --json
+    Example: trajtune doctor --model smollm2-135m
+
+    Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --set render.tool_format=native --json
     """
     from trajtune.chat.doctor import check_template, report_json
-    from trajtune.chat.render import RenderConfig
+    from trajtune.cli.eval_cmd import render_overrides
+    from trajtune.config import ConfigError, load_render
 
     if non_prefix not in ("error", "split"):
         typer.echo(f"error: --non-prefix must be 'error' or 'split', got {non_prefix!r}", err=True)
+        raise typer.Exit(2)
+    try:
+        options = render_overrides(set_)
+        options.setdefault("non_prefix", non_prefix)
+        config = load_render(options).to_render_config()
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     if parser is not None and parser not in available_parsers():
         typer.echo(f"error: unknown parser {parser!r}; available: {', '.join(available_parsers())}", err=True)
@@ -53,7 +68,6 @@ def doctor_cmd(
                    "hint: pass a local directory containing tokenizer.json / tokenizer_config.json, "
                    "or a Hugging Face id (needs network access or a cached copy)", err=True)
         raise typer.Exit(2)
-    report = check_template(tok, chat_template=chat_template, parser=parser,
-                            config=RenderConfig(non_prefix=non_prefix))  # type: ignore[arg-type]
+    report = check_template(tok, chat_template=chat_template, parser=parser, config=config)
     typer.echo(report_json(report) if as_json else report.format_text())
     raise typer.Exit(0 if report.ok else 1)

@@ -25,6 +25,18 @@ def _env_kwargs(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def render_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``--set render.KEY=VALUE`` options as the ``render`` mapping (values parsed as YAML)."""
+    from trajtune.config import ConfigError, apply_overrides
+
+    data = apply_overrides({}, items or [])
+    other = [k for k in data if k != "render"]
+    if other or not isinstance(data.get("render", {}), dict):
+        raise ConfigError(f"--set {(other or ['render'])[0]}...: only render.* options can be set here, "
+                          "e.g. --set render.tool_format=hermes")
+    return data.get("render", {})
+
+
 def eval_(
     model: Annotated[str, typer.Option("--model", "-m", help="HF id or local path (a full model or a LoRA adapter dir).")],
     env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")] = None,
@@ -48,7 +60,11 @@ def eval_(
     max_new_tokens: Annotated[int, typer.Option(help="Token limit per assistant turn.")] = 256,
     max_length: Annotated[int, typer.Option(help="Token limit per episode.")] = 4096,
     batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 16,
-    parser: Annotated[str, typer.Option(help="Tool-call parser; auto = from the model's chat template.")] = "auto",
+    parser: Annotated[str, typer.Option(help="Tool-call parser; auto = the one of the render tool format.")] = "auto",
+    template: Annotated[Optional[Path], typer.Option(
+        "--template", help="Jinja chat template file to use instead of the tokenizer's own.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Render option: --set render.tool_format=hermes (repeatable; see `trajtune doctor`).")] = None,
     device: Annotated[str, typer.Option(help="Where the model runs: auto (GPU if there is one), cpu, cuda, cuda:1, ...")] = "auto",
     env_arg: Annotated[Optional[list[str]], typer.Option("--env-arg", help="Environment argument key=value (repeatable).")] = None,
     seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
@@ -76,7 +92,7 @@ def eval_(
         env_kwargs=_env_kwargs(env_arg), tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
-        workers=workers)
+        workers=workers, template=str(template) if template else None, render=render_overrides(set_))
     try:
         results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet)
     except ImportError as e:  # an optional benchmark package (bfcl-eval, textworld) is missing

@@ -77,12 +77,9 @@ class HFBackend:
     def complete(self, prompts: Sequence[Prompt], *, seed: int) -> list[str | None]:
         import torch
 
-        from trajtune.chat.render import RenderError
         from trajtune.rollout import _generate  # the rollout's own sampler: same decoding as RL
 
-        eot = self.renderer.encode(self.renderer.eot)
-        if len(eot) != 1:
-            raise RenderError(f"end-of-turn {self.renderer.eot!r} must be a single token to stop generation, got {eot}")
+        eot = self.renderer.stop_ids()
         cfg = self._config(1)
         out: list[str | None] = [None] * len(prompts)
         seqs = [self.renderer.encode(self.renderer.prompt_text(m, t)) for m, t in prompts]
@@ -94,7 +91,7 @@ class HFBackend:
                 rows = fits[b0:b0 + self.batch_size]
                 room = [min(self.max_new_tokens, self.max_length - len(seqs[i])) for i in rows]
                 with torch.no_grad():
-                    gens = _generate(self.model, self.tok, [seqs[i] for i in rows], room, cfg, eot[0], seed + b0)
+                    gens = _generate(self.model, self.tok, [seqs[i] for i in rows], room, cfg, eot, seed + b0)
                 for i, (ids, _lps, ended) in zip(rows, gens):
                     out[i] = self.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         finally:

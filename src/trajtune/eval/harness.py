@@ -56,7 +56,9 @@ class EvalSettings:
     max_turns: int | None = None
     max_new_tokens: int = 256
     max_length: int = 4096
-    parser: str = "hermes"
+    parser: str = "auto"
+    template: str | None = None  # a chat template file replacing the tokenizer's
+    render: dict[str, Any] = field(default_factory=dict)  # trajtune.config.RenderSpec keys
     device: str = "auto"
     batch_size: int = 16
     workers: int = 8
@@ -98,6 +100,13 @@ class EvalSettings:
             raise ValueError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
         if self.workers < 1 or self.batch_size < 1:
             raise ValueError("--workers and --batch-size must be at least 1")
+        self.render_config()  # unknown or invalid render options fail before anything loads
+
+    def render_config(self) -> Any:
+        """The validated render options as a ``RenderConfig``."""
+        from trajtune.config import load_render
+
+        return load_render(self.render).to_render_config()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

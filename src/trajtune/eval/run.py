@@ -52,13 +52,15 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
 
     settings.validate()
     tok = None
+    renderer = None
     if backend is None:
-        from trajtune.chat.parsers import detect_parser
+        from trajtune.chat.render import ChatRenderer
         from trajtune.models.loading import load_tokenizer
 
-        tok = load_tokenizer(settings.model)
-        if settings.parser == "auto":  # the call format the model's own chat template renders
-            settings.parser = detect_parser(getattr(tok, "chat_template", None)) or "hermes"
+        tok = load_tokenizer(settings.model, settings.template)
+        renderer = ChatRenderer(tok, settings.render_config())
+        if settings.parser == "auto":  # the parser of the tool format the renderer writes calls in
+            settings.parser = renderer.parser or "hermes"
     elif settings.parser == "auto":
         settings.parser = "hermes"
     suites = build_suites(settings)  # bad environment / category names fail here, before any loading or writing
@@ -80,7 +82,7 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
             backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
                                 batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
-                                step_timeout_s=settings.step_timeout_s)
+                                step_timeout_s=settings.step_timeout_s, renderer=renderer)
         total = sum(len(s.tasks) for s in suites) * settings.samples
         target = settings.env or settings.benchmark
         with bar(f"eval {target}", total, enabled=not quiet) as adv:
