@@ -81,3 +81,46 @@ def test_example_configs_validate():
         cls = RLRunConfig if p.name.startswith("rl_") else SFTRunConfig
         cfg = load_config(p, cls)
         assert cfg.output_dir.startswith("runs/")
+
+
+def test_every_render_option_is_settable_from_yaml_and_set(tmp_path):
+    from dataclasses import fields
+
+    from trajtune.chat.render import RenderConfig
+    from trajtune.config import RenderSpec
+
+    # every render option except train_on (a data choice: data.train_on) has a config key
+    assert {f.name for f in fields(RenderConfig)} - {"train_on"} == set(RenderSpec.model_fields)
+    yaml_text = BASE_SFT + ("render: {tool_format: pythonic, end_of_turn: '<|im_end|>', reasoning: drop, "
+                            "template_kwargs: {enable_thinking: false}}\n")
+    cfg = load_config(_write(tmp_path, yaml_text), SFTRunConfig,
+                      ["render.tool_format=hermes", "render.non_prefix=split", "render.system_role=fold"])
+    rc = cfg.render.to_render_config(train_on=cfg.data.train_on)
+    assert (rc.tool_format, rc.non_prefix, rc.system_role, rc.end_of_turn, rc.reasoning) == \
+        ("hermes", "split", "fold", "<|im_end|>", "drop")
+    assert rc.template_kwargs == {"enable_thinking": False} and rc.train_on == "hint"
+    rl = load_config(None, RLRunConfig, ["render.tool_format=llama3_json", "render.end_of_turn=[a, b]"],
+                     base={"model": "m", "output_dir": "o", "env": "home"})
+    assert rl.render.tool_format == "llama3_json" and rl.render.end_of_turn == ["a", "b"]
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("render: {tool_format: xml}\n", "render.tool_format: Input should be"),
+    ("render: {tool_fromat: hermes}\n", "render.tool_fromat: unknown key"),
+    ("data: {path: d.jsonl, non_prefix: split}\n", "moved to render.non_prefix"),
+])
+def test_render_config_errors(tmp_path, extra, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(_write(tmp_path, BASE_SFT + extra), SFTRunConfig)
+    assert needle in str(e.value)
+
+
+def test_render_options_outside_a_run_config():
+    from trajtune.cli.eval_cmd import render_overrides
+    from trajtune.config import load_render
+
+    assert load_render(render_overrides(["render.tool_format=pythonic"])).tool_format == "pythonic"
+    with pytest.raises(ConfigError, match="render.bogus: unknown key"):
+        load_render(render_overrides(["render.bogus=1"]))
+    with pytest.raises(ConfigError, match="only render"):
+        render_overrides(["train.lr=1"])

@@ -125,3 +125,21 @@ def test_cli(tmp_path):
     assert res.exit_code == 2 and "unknown parser" in res.output
     res = runner.invoke(app, ["doctor", "--help"])
     assert res.exit_code == 0 and "Example:" in res.output
+
+
+def test_cli_shows_the_tool_format_and_takes_render_options(tmp_path):
+    from test_render_adapt import SMOLLM2
+
+    tok = tokenizer_for("chatml")
+    tok.save_pretrained(tmp_path / "tok")
+    tpl = tmp_path / "smollm2.jinja"
+    tpl.write_text(SMOLLM2)
+    runner = CliRunner()
+    res = runner.invoke(app, ["doctor", "--model", str(tmp_path / "tok"), "--template", str(tpl)])
+    assert res.exit_code == 0, res.output
+    assert "PASS  tool_format          hermes: the template does not render tools or tool calls" in res.output
+    res = runner.invoke(app, ["doctor", "--model", str(tmp_path / "tok"), "--template", str(tpl),
+                              "--set", "render.tool_format=native"])
+    assert res.exit_code == 1 and "FAIL  system_and_tools" in res.output
+    res = runner.invoke(app, ["doctor", "--model", str(tmp_path / "tok"), "--set", "render.tool_format=bogus"])
+    assert res.exit_code == 2 and "render.tool_format" in res.output

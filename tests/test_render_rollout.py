@@ -134,6 +134,33 @@ def test_rollout_of_a_perfect_policy_matches_the_rendered_expert(tiny_tok):
         assert all(abs(x - lp) < 1e-5 for x, s in zip(ep.tokens.logprobs, ep.tokens.source) if s == SOURCE_POLICY)
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "pythonic"])
+def test_rollout_under_a_text_tool_format_parses_with_the_format_parser(tiny_tok, fmt):
+    """A template without tool support: calls written as text are parsed back by the format's parser
+    (the rollout config says parser: auto), and the rollout reproduces the rendered expert."""
+    from test_render_adapt import SMOLLM2
+
+    from trajtune.chat.render import RenderConfig
+
+    env = make_env("home")
+    tasks = env.tasks("test", 3, seed=5)
+    experts = [env.expert(t) for t in tasks]
+    r = ChatRenderer(tiny_tok, RenderConfig(tool_format=fmt), chat_template=SMOLLM2)
+    assert r.tool_format == fmt
+    script = {}
+    for e in experts:
+        tt = r.render(e)
+        for k in sorted(set(t for t, s in zip(tt.turn, tt.source) if s == SOURCE_POLICY)):
+            pos = [j for j, (s, t) in enumerate(zip(tt.source, tt.turn)) if s == SOURCE_POLICY and t == k]
+            script[tuple(tt.ids[:pos[0]])] = tt.ids[pos[0]:pos[-1] + 1]
+    eps = run_rollouts(ScriptedModel(tiny_tok, script), tiny_tok, lambda: make_env("home"), tasks,
+                       RolloutConfig(max_turns=4, max_new_tokens=96, max_length=2048, batch_size=3), seed=0,
+                       renderer=r)
+    for ep, expert in zip(eps, experts):
+        assert ep.format_errors == 0 and ep.trajectory.outcome.success
+        assert ep.tokens.ids == r.render(expert).ids
+
+
 def test_rollout_records_sampled_tokens_and_logprobs(tiny_model, tiny_tok):
     env = make_env("home")
     tasks = env.tasks("test", 6, seed=1)

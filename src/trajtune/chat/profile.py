@@ -114,19 +114,34 @@ def probe_template(render: Render) -> TemplateProfile:
     return p
 
 
-def probe_tool_role(render: Render, p: TemplateProfile, assistant: dict[str, Any], tools: Any) -> None:
-    """Decide how tool results reach the template, given how the assistant turn before them is shaped."""
+def probe_tool_role(render: Render, p: TemplateProfile, assistant: dict[str, Any], tools: Any,
+                    text_format: bool) -> None:
+    """Decide how tool results reach the template, given how the assistant turn before them is shaped.
+
+    ``text_format``: results are wrapped by a text tool format (not by the template), so rendering
+    them as user turns loses nothing the template would add."""
 
     def wrap(text: str) -> Any:
         return [{"type": "text", "text": text}] if p.content == "parts" else text
 
     tool_msg = {"role": "tool", "tool_call_id": PROBE_CALL_ID, "content": wrap(_RESULT)}
-    text = _safe(render, [{"role": "user", "content": wrap(_U1)}, assistant, tool_msg], tools)
-    if _has(text, _RESULT):
-        p.tool_role = "native"
-    else:
+    user = {"role": "user", "content": wrap(_U1)}
+    text = _safe(render, [user, assistant, tool_msg], tools)
+    if not _has(text, _RESULT):
         p.tool_role = "user"
         p.notes.append("the template refuses or drops `tool` messages: tool results are rendered as user turns")
+        return
+    p.tool_role = "native"
+    if p.alternation and text_format:
+        # A user turn right after a tool result: does the alternation count the result as the user
+        # side (Gemma: then only merging it into the user turn renders), or skip it (Mistral)?
+        again = {"role": "user", "content": wrap(_U2)}
+        merged = {"role": "user", "content": wrap(f"{_RESULT}\n\n{_U2}")}
+        if not _has(_safe(render, [user, assistant, tool_msg, again], tools), _RESULT, _U2) and \
+                _has(_safe(render, [user, assistant, merged], tools), _RESULT, _U2):
+            p.tool_role = "user"
+            p.notes.append("under strict alternation a tool result counts as the user's turn: tool results are "
+                           "rendered as user turns and merged with a user message that follows")
 
 
 def reasoning_inline(template: str) -> bool:

@@ -325,7 +325,7 @@ class ChatRenderer:
         else:
             assistant = {"role": "assistant", "content": self._wrap("<tool_call>x</tool_call>")}
             tools = None
-        probe_tool_role(self._render_raw, self.profile, assistant, tools)
+        probe_tool_role(self._render_raw, self.profile, assistant, tools, text_format=self.format is not None)
 
     def _end_of_turns(self) -> list[str]:
         """The strings that close an assistant turn: an answer's closer first, then a call's if it differs."""
