@@ -50,7 +50,7 @@ from trajtune.envs.fncall_gen import build_task, function_pool, join_and, snake
 from trajtune.envs.fncall_vocab import RESULT_POOLS
 from trajtune.envs.toolenv import make_tasks
 from trajtune.envs.tools import tool_message
-from trajtune.schema import Message, ToolCall, ToolSpec
+from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
 
 class FncallOptions(BaseModel):
@@ -69,7 +69,8 @@ class FncallOptions(BaseModel):
     @model_validator(mode="after")
     def _range(self) -> FncallOptions:
         if self.min_distractors > self.max_distractors:
-            raise ValueError(f"min_distractors ({self.min_distractors}) is above max_distractors ({self.max_distractors})")
+            raise ValueError(f"min_distractors ({self.min_distractors}) is above "
+                             f"max_distractors ({self.max_distractors})")
         return self
 
 
@@ -80,7 +81,8 @@ def parse_options(kwargs: dict[str, Any]) -> FncallOptions:
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "options"
-        raise ValueError(f"fncall option {field}: {err['msg']} (known options: {', '.join(FncallOptions.model_fields)})") from None
+        known = ", ".join(FncallOptions.model_fields)
+        raise ValueError(f"fncall option {field}: {err['msg']} (known options: {known})") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +289,7 @@ class FncallEnv(Environment):
     def success(self) -> bool:
         return self.verdict is not None and self.verdict.ok
 
-    def expert(self, task: Task):  # type: ignore[override]
+    def expert(self, task: Task) -> Trajectory:
         """The expert calls the target with the request's values, then reads the result back to the user."""
         from trajtune.envs.runner import run_episode
 
@@ -300,16 +302,18 @@ class FncallEnv(Environment):
             return Message(role="assistant", content=final_answer(messages[-1].text(), task.data["result"]))
 
         traj = run_episode(self, task, policy)
-        traj.metadata.update({"expert": True, "policy": f"expert:{self.name}", "call_check": self.verdict.kind
-                              if self.verdict else None, "function": task.data["function"],
-                              "domain": task.data["domain"], "single_turn": self.options.single_turn})
+        traj.metadata.update({"expert": True, "policy": f"expert:{self.name}",
+                              "call_check": self.verdict.kind if self.verdict else None,
+                              "function": task.data["function"], "domain": task.data["domain"],
+                              "single_turn": self.options.single_turn})
         return traj
 
     def render(self) -> str:
         if self.task is None:
             return "[fncall] no task"
         d = self.task.data
-        verdict = f"{self.verdict.kind}{': ' + self.verdict.detail if self.verdict.detail else ''}" if self.verdict else "-"
+        v = self.verdict
+        verdict = "-" if v is None else v.kind + (f": {v.detail}" if v.detail else "")
         return "\n".join([f"request: {d['prompt']}",
                           f"expected: {d['target']['name']}({json.dumps(d['target']['arguments'])})",
                           f"tools: {', '.join(t['name'] for t in d['tools'])}",

@@ -50,7 +50,7 @@ NUM_SENT = ("The {noun} is {v}{u}.", "{Noun}: {v}{u}.", "Use {v}{u} for the {nou
             "Take {v}{u} as the {noun}.")
 STR_SENT = ("The {noun} is {v}.", "{Noun}: {v}.", "Use {v} as the {noun}.", "The {noun} should be {v}.")
 ARR_SENT = ("The {noun} are {v}.", "{Noun}: {v}.", "Here are the {noun}: {v}.", "Use these {noun}: {v}.")
-PARAM_DOCS = ("The {noun}.", "{Noun} to use.", "{Noun}.", "The {noun} for the calculation.")
+PARAM_DOCS = ("The {noun}.", "{Noun} to use.", "{Noun}.")
 PARAM_DOCS_UNIT = ("The {noun} in {unit}.", "{Noun}, in {unit}.", "{Noun} ({unit}).")
 ARRAY_DOCS = ("List of {noun}.", "The {noun}, as a list.", "An array of {noun}.")
 DEFAULT_DOCS = (" Default is {d}.", " Defaults to {d}.", " Optional, default {d}.", " (default: {d})")
@@ -202,7 +202,7 @@ def instantiate(func: Func, rng: Random, dotted: float = 0.3) -> Instance:
 
 
 def _number(p: Param, rng: Random) -> int | float:
-    if p.dp == 0 or rng.random() < 0.2:
+    if p.dp == 0 or (p.hi - p.lo >= 10 and rng.random() < 0.2):  # whole values only where they are plausible
         return int(round(rng.uniform(p.lo, p.hi)))
     v = round(rng.uniform(p.lo, p.hi), p.dp)
     return int(v) if float(v).is_integer() else v
@@ -327,9 +327,20 @@ def _noun_clause(arg: Arg, v: Any, rng: Random, sentence: bool) -> Clause:
     else:
         forms = STR_SENT if sentence else STR_INLINE
     i = rng.randrange(len(forms))
-    unit = f" {p.unit}" if p.unit and p.type in ("integer", "number") else ""
-    text = forms[i].format(a=_article(noun), noun=noun, Noun=_cap(noun), v=_slot(arg.name), u=unit)
-    return Clause(text, f"{'S' if sentence else 'I'}{p.type[0]}{i}", False)
+    value, unit = _with_unit(p, _slot(arg.name), rng)
+    text = forms[i].format(a=_article(noun), noun=noun, Noun=_cap(noun), v=value, u=unit)
+    return Clause(text, f"{'S' if sentence else 'I'}{p.type[0]}{i}{'$' if value[0] == '$' else ''}", False)
+
+
+def _with_unit(p: Param, value: str, rng: Random) -> tuple[str, str]:
+    """The value and the unit after it: "5000 dollars", or "$5000" / "4.5%" (the digits stay exact)."""
+    if not p.unit or p.type not in ("integer", "number"):
+        return value, ""
+    if p.unit == "dollars" and rng.random() < 0.4:
+        return "$" + value, ""
+    if p.unit == "percent" and rng.random() < 0.4:
+        return value + "%", ""
+    return value, f" {p.unit}"
 
 
 def make_clause(arg: Arg, v: Any, rng: Random, sentence: bool) -> Clause:
