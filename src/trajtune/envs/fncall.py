@@ -2,7 +2,7 @@
 
 Why this environment: a model fine-tuned on one world's five tools learns those tools, not tool
 calling. Here every task draws a fresh schema for its function (name variant, parameter names,
-descriptions, enum subsets) from a broad vocabulary (26 domains, ~250 function concepts, ~370
+descriptions, enum subsets) from a broad vocabulary (26 domains, ~250 function concepts, ~375
 parameter concepts; see ``fncall_vocab``), plus 0-3 distractor functions, often of the same
 domain, and a user request phrased in one of many ways that states every argument value
 exactly (``fncall_gen``). The shape is that of single-call function-calling benchmarks: one
