@@ -7,7 +7,7 @@ A plain function so the ``data`` command group can attach it with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -20,11 +20,16 @@ def generate(
     seed: Annotated[int, typer.Option(min=0, help="Seed of the task generator.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     only_success: Annotated[bool, typer.Option(help="Keep only trajectories whose outcome is a success.")] = False,
+    env_arg: Annotated[Optional[list[str]], typer.Option(
+        "--env-arg", help="Environment argument key=value (repeatable), e.g. single_turn=true.")] = None,
 ) -> None:
     """Write scripted-expert trajectories for N tasks of an environment (atomic write).
 
     Example: trajtune data generate --env workspace --n 200 -o data/workspace.jsonl
+
+    Example: trajtune data generate --env fncall --n 2000 --env-arg single_turn=true -o data/fncall.jsonl
     """
+    from trajtune.cli.eval_cmd import _env_kwargs
     from trajtune.envs import list_envs, make_env
     from trajtune.schema import AtomicJsonlWriter
 
@@ -37,14 +42,20 @@ def generate(
     if out.exists() and not overwrite:
         typer.echo(f"error: {out} exists; pass --overwrite to replace it", err=True)
         raise typer.Exit(1)
-    tasks = make_env(env).tasks(split, n, seed)
+    try:
+        kwargs = _env_kwargs(env_arg)
+        first = make_env(env, **kwargs)
+    except (TypeError, ValueError) as e:  # an argument the environment does not take, or a bad value
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    tasks = first.tasks(split, n, seed)
     kept = successes = 0
     terminations: dict[str, int] = {}
     try:
         with AtomicJsonlWriter(out, overwrite=overwrite) as writer:
             for task in tasks:
                 try:
-                    traj = make_env(env).expert(task)
+                    traj = make_env(env, **kwargs).expert(task)
                 except NotImplementedError as e:
                     typer.echo(f"error: {e}", err=True)
                     raise typer.Exit(1) from None
