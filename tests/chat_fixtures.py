@@ -1,7 +1,63 @@
-"""Shared test data for the chat tests: seven template families, each with a tiny tokenizer that
+"""Shared test data for the chat tests: eighteen template families, each with a tiny tokenizer that
 carries the family's special tokens, one tool conversation, and per-family functions that write
 the text each template should produce for an assistant turn — written from the family's format,
 independently of the renderer, so the tests compare two separate implementations.
+
+``FAMILIES`` holds the seven the renderer handles today; ``NEW_FAMILIES`` the eleven written from
+real templates whose quirks it must still learn (test_template_fixtures.py checks every Family
+field against its template). Family → quirks → what trajtune must do:
+
+===========  =====================================  ==========================================================
+family       quirks (real template)                 trajtune must
+===========  =====================================  ==========================================================
+chatml       Qwen2.5: Hermes <tool_call>,           render as is (generation markers agree)
+             {% generation %} markers
+qwen3        Qwen3: <think> kept only after the     split per turn (not prefix-stable); reasoning as a field
+             last user query
+llama3       Llama 3.1: eot <|eot_id|> ≠ eos; one   train <|eot_id|>; warn on parallel calls / dropped content
+             call per turn; content dropped
+mistral      Mistral v3: 9-char call ids, tools     adapt call ids; split
+             in the last user turn
+gemma        Gemma 3: system folded, alternation,   train <end_of_turn>; pythonic parser
+             ```tool_code``` calls
+phi3         Phi-3: <|end|> ≠ eos, ReAct calls      train <|end|>; react parser
+deepseek     DeepSeek V3: calls in ```json blocks,  reasoning cannot be trained: declare it
+             text before </think> cut
+gpt_oss      GPT-OSS harmony: `thinking` field;     reasoning as `thinking` (source-detected); train <|call|> on
+             <|call|> ends a call turn, <|return|>  call turns, <|return|> on answers; one call per turn; split
+             an answer; developer message; one      (analysis dropped once an answer follows, <|return|> turns
+             call per turn; content+thinking on a   into <|end|>); never send content and reasoning on a call
+             call turn raises                       turn
+command_r7b  Cohere 2: <|END_RESPONSE|> before the  train through <|END_OF_TURN_TOKEN|>, not <|END_RESPONSE|>;
+             stop token <|END_OF_TURN_TOKEN|>;      cut the turn at it (the template always appends the next
+             add_generation_prompt ignored; call    chatbot header); cohere parser; call-turn content is lost
+             ids renumbered "0", "1"…
+qwen35       Qwen3.5: XML <function=…><parameter=…> xml parser; the generation prompt already opens <think>:
+             calls; content string or parts;        policy tokens start inside it; split
+             generation prompt ends with <think>\n
+glm45        GLM-4.5: no end-of-turn string: the    train the next role token as the turn's end (<|observation|>
+             next role token ends a turn;           after calls, <|user|> after answers) and append it to the
+             <arg_key>/<arg_value> calls            last turn; glm45 parser; split
+lfm2         LFM2: tool list in <|tool_list_start|> write calls into the content as <|tool_call_start|>[f(a=1)]
+             …; tool_calls never read               <|tool_call_end|>; lfm2 parser
+nemotron     Llama-3.3-Nemotron: <TOOLCALL>[…];     nemotron parser; reasoning cannot be trained: declare it;
+             every turn cut at </think>;            /think, /no_think go in the system prompt
+             enable_thinking kwarg ignored
+smolvlm      SmolVLM/Idefics3: content read only    send content as text parts; fallback tool format
+             as parts (a string renders empty)
+gemma2       Gemma 1/2: system and tool roles       fold system into the first user turn and tool results into
+             refused, strict alternation; reasoning user turns, and say so in the doctor report; fallback tools;
+             words only in a comment                reasoning detection must ignore comments
+llama2       Llama 2: tool role refused (strict     fold tool results into user turns; train " </s>"; fallback
+             alternation), system folded by the     tools
+             template, " </s>", bos on every turn
+deepseek_r1  R1 distill: arguments must be a JSON   arguments as a JSON string; tool list into the system prompt;
+             string; no tool list; the 2nd call     end a call turn at its first eos (an empty assistant message
+             turn loses its markers; generation     follows); refuse conversations with a second call turn
+             prompt opens <think>                   clearly (it cannot be trained)
+smollm2      SmolLM2 (GGUF): ChatML without tools,  fallback tool format in the system prompt and content
+             default system prompt injected
+===========  =====================================  ==========================================================
 """
 
 from __future__ import annotations

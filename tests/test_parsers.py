@@ -355,6 +355,8 @@ def test_glm45_forms_and_errors():
                          "</tool_call>", "glm45")
     assert r.errors == [] and [(c.name, c.arguments) for c in r.tool_calls] == [("f", {}), ("g", {"a": [1]})]
     for text in ['<tool_call>{"name": "f"}</tool_call>', "<tool_call>f\n<arg_key>a</arg_key>junk</tool_call>",
+                 "<tool_call>f\n<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2"
+                 "</arg_value></tool_call>",
                  "<tool_call>\n</tool_call>"]:
         r = parse_tool_calls(text, "glm45")
         assert r.tool_calls == [] and r.errors, text

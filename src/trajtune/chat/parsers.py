@@ -640,10 +640,10 @@ def parse_glm45(text: str) -> ParseResult:
             continue
         args: dict[str, Any] = {}
         at = 0
-        while (m := _GLM_PAIR.match(rest, at)) is not None:
+        while (m := _GLM_PAIR.match(rest, at)) is not None and m.group(1).strip() not in args:
             args[m.group(1).strip()] = _scalar_or_text(m.group(2))
             at = m.end()
-        if rest[at:].strip():
+        if rest[at:].strip():  # also a repeated key: the pair is left unread
             errors.append(f"{where}: expected <arg_key>K</arg_key><arg_value>V</arg_value> pairs, "
                           f"got {rest[at:].strip()[:60]!r}")
             continue
