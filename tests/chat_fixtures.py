@@ -63,6 +63,7 @@ smollm2      SmolLM2 (GGUF): ChatML without tools,  fallback tool format in the 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -104,7 +105,8 @@ class Family:
     content: str = "string"  # content read as "string", "parts" only (text parts), or "both"
     args_as_string: bool = False  # call arguments must be a JSON string (a dict raises or misrenders)
     reasoning_field: str | None = None  # the message field the template reads reasoning from, if any
-    one_call_per_turn: bool = False  # only the first call of a turn is rendered
+    one_call_per_turn: bool = False  # a second call in one turn is dropped (or refused)
+    call_ids: str = "any"  # "any", or "mistral": 9 alphanumeric characters (others raise)
     renderer: str = ""  # what trajtune must do with this template (the table above)
 
     @property
@@ -122,15 +124,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "<|im_end|>", "hermes", True, ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")),
     Family("qwen3", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>", "<|endoftext|>",
            "<|im_end|>", "hermes", False,
-           ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")),
+           ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+           reasoning_field="reasoning_content"),
     Family("llama3", ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                       "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"),
-           "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|eot_id|>", "llama3_json", True),
+           "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|eot_id|>", "llama3_json", True,
+           one_call_per_turn=True),
     Family("mistral", ("<s>", "</s>", "<unk>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
-           "<s>", "</s>", "<unk>", "</s>", "mistral", False),
+           "<s>", "</s>", "<unk>", "</s>", "mistral", False, alternation=True, call_ids="mistral"),
     Family("gemma", ("<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>",
-           "<end_of_turn>", "pythonic", True),
+           "<end_of_turn>", "pythonic", True, alternation=True),
     Family("phi3", ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<s>",
            "<|endoftext|>", "<|endoftext|>", "<|end|>", "react", True),
     Family("deepseek", DS, DS[0], DS[1], DS[-1], DS[1], "deepseek", True),
@@ -481,15 +485,20 @@ def native_messages(traj: Trajectory, fam: Family) -> list[dict[str, Any]]:
         content: Any = [{"type": "text", "text": text}] if fam.content == "parts" else text
         d: dict[str, Any] = {"role": m.role, "content": content}
         if m.tool_calls and not fam.calls_in_content:
-            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            d["tool_calls"] = [{"id": _call_id(c.id, fam), "type": "function", "function": {
                 "name": c.name, "arguments": _j(c.arguments) if fam.args_as_string else c.arguments}}
                 for c in m.tool_calls]
         if m.tool_call_id is not None:
-            d["tool_call_id"] = m.tool_call_id
+            d["tool_call_id"] = _call_id(m.tool_call_id, fam)
         if fam.reasoning_field and m.reasoning_content is not None:
             d[fam.reasoning_field] = m.reasoning_content
         out.append(d)
     return out
+
+
+def _call_id(cid: str, fam: Family) -> str:
+    """Mistral refuses ids that are not 9 alphanumeric characters: ``call_000001`` → ``call00001``."""
+    return re.sub(r"[^A-Za-z0-9]", "", cid)[-9:].rjust(9, "0") if fam.call_ids == "mistral" else cid
 
 
 def fold_roles(msgs: list[dict[str, Any]], system: bool = True, tools: bool = True) -> list[dict[str, Any]]:

@@ -34,7 +34,8 @@ from trajtune.schema import Message, ToolCall, Trajectory
 
 OPENAI_TOOLS = [t.to_openai() for t in TOOLS]
 NEW = list(NEW_FAMILIES)
-NO_NATIVE_CALLS = [n for n, f in NEW_FAMILIES.items() if not f.native_tools]
+ALL = list(ALL_FAMILIES)
+NO_NATIVE_CALLS = [n for n, f in ALL_FAMILIES.items() if not f.native_tools]
 
 
 def render(name: str, msgs: list[dict[str, Any]], tools: Any = OPENAI_TOOLS, gen: bool = False, **kw: Any) -> str:
@@ -184,27 +185,27 @@ def test_deepseek_r1_first_call_turn_and_answers_match_expect_but_not_a_second_c
     assert 'Remind me to bring an "umbrella".\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>create_reminder' in own
 
 
-# -- each Family field that describes a quirk is true of its template ----------------------------
+# -- each Family field that describes a quirk is true of its template (all 18 families) ---------
 
 TWO_CALLS = ToolCall(id="call_000009", name="get_weather", arguments={"city": "Oslo"})
 
 
 def _fam(kind: str) -> list[str]:
-    return [n for n, f in NEW_FAMILIES.items() if kind == "all" or getattr(f, kind)]
+    return [n for n, f in ALL_FAMILIES.items() if getattr(f, kind)]
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", ALL)
 def test_tools_in_prompt_means_the_template_writes_the_tool_list(name):
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     msgs = renderable(name)
     with_tools, without = render(name, msgs), render(name, msgs, tools=None)
     assert (with_tools != without) is fam.tools_in_prompt
     assert ("Current weather for a city." in with_tools) is fam.tools_in_prompt
 
 
-@pytest.mark.parametrize("name", [n for n in NEW if NEW_FAMILIES[n].native_tools])
+@pytest.mark.parametrize("name", [n for n in ALL if ALL_FAMILIES[n].native_tools])
 def test_structured_calls_render_unless_the_template_reads_them_from_content(name):
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     traj = conversation(two_users=False)
     msgs = native_messages(traj, fam)
     if fam.calls_in_content:
@@ -220,7 +221,7 @@ def test_structured_calls_render_unless_the_template_reads_them_from_content(nam
 def test_one_call_per_turn_drops_or_refuses_a_second_call(name):
     traj = conversation(two_users=False)
     traj.messages[2].tool_calls.append(TWO_CALLS)
-    msgs = native_messages(traj, NEW_FAMILIES[name])
+    msgs = native_messages(traj, ALL_FAMILIES[name])
     try:
         text = render(name, msgs[:3])
     except TemplateError:
@@ -228,23 +229,23 @@ def test_one_call_per_turn_drops_or_refuses_a_second_call(name):
     assert "Oslo" not in text and "Zürich" in text.split("What is the weather")[1]
 
 
-@pytest.mark.parametrize("name", [n for n in NEW if n not in _fam("one_call_per_turn") + NO_NATIVE_CALLS])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in _fam("one_call_per_turn") + NO_NATIVE_CALLS])
 def test_other_templates_render_two_calls_in_one_turn(name):
     traj = conversation(two_users=False)
     traj.messages[2].tool_calls.append(TWO_CALLS)
-    text = render(name, native_messages(traj, NEW_FAMILIES[name])[:3])
+    text = render(name, native_messages(traj, ALL_FAMILIES[name])[:3])
     assert "Oslo" in text and "Zürich" in text.split("What is the weather")[1]
 
 
 READS = r"(?:message|m|msg)(?:\.{0}\b|\[['\"]{0}['\"]\])"
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", ALL)
 def test_reasoning_field_is_the_one_the_template_reads(name):
     """The template's code (comments removed) reads reasoning from that field and no other, and
     renders it on a turn after the last user query. (Recent transformers copy reasoning between
     `reasoning_content` and `thinking` before rendering, so the source is what tells them apart.)"""
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     body = re.sub(r"\{#.*?#\}", "", fam.template, flags=re.DOTALL)
     for field in ("reasoning_content", "thinking", "reasoning"):
         assert bool(re.search(READS.format(field), body)) is (field == fam.reasoning_field), (name, field)
@@ -257,16 +258,16 @@ def test_reasoning_field_is_the_one_the_template_reads(name):
 def test_reasoning_words_in_a_comment_only():
     """Gemma 2 renders no reasoning, but its fixture's comment names both reasoning markers: a
     detector that greps the template source, comments included, is fooled."""
-    src = NEW_FAMILIES["gemma2"].template
+    src = ALL_FAMILIES["gemma2"].template
     body = re.sub(r"\{#.*?#\}", "", src, flags=re.DOTALL)
     assert "reasoning_content" in src and "<think>" in src
     assert "reasoning_content" not in body and "think" not in body
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", ALL)
 def test_content_shape(name):
     """``parts``: a plain string renders as nothing, silently; ``both``: parts render as strings do."""
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     as_string = [{"role": "user", "content": "Hello there"}]
     as_parts = [{"role": "user", "content": [{"type": "text", "text": "Hello there"}]}]
     if fam.content == "parts":
@@ -277,9 +278,9 @@ def test_content_shape(name):
         assert render(name, as_parts) == render(name, as_string)
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", ALL)
 def test_alternation(name):
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     msgs = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     msgs = [{"role": "user", "content": [{"type": "text", "text": d["content"]}]} for d in msgs] \
         if fam.content == "parts" else msgs
@@ -292,7 +293,7 @@ def test_alternation(name):
 
 @pytest.mark.parametrize("name", _fam("eot_call"))
 def test_a_call_turn_closes_differently_from_an_answer(name):
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     traj = conversation(two_users=False)
     msgs = renderable(name, traj)
     call_turn = render(name, msgs[:3])
@@ -306,7 +307,7 @@ def test_a_call_turn_closes_differently_from_an_answer(name):
 
 @pytest.mark.parametrize("name", _fam("end_of_response"))
 def test_end_of_response_comes_before_the_stop_token(name):
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     text = render(name, renderable(name))
     assert "Done." + fam.end_of_response + fam.eot in text
     assert tokenizer_for(name).eos_token == fam.eot != fam.end_of_response
@@ -316,13 +317,13 @@ def test_end_of_response_comes_before_the_stop_token(name):
 def test_trailer_is_written_with_or_without_a_generation_prompt(name):
     msgs = renderable(name)
     assert render(name, msgs) == render(name, msgs, gen=True)
-    assert render(name, msgs).endswith(NEW_FAMILIES[name].trailer)
+    assert render(name, msgs).endswith(ALL_FAMILIES[name].trailer)
 
 
-@pytest.mark.parametrize("name", [n for n in NEW if NEW_FAMILIES[n].native_tools])
+@pytest.mark.parametrize("name", [n for n in ALL if ALL_FAMILIES[n].native_tools])
 def test_arguments_as_dict_or_string(name):
     """Templates that need a JSON string raise on a dict; the others print the dict's JSON."""
-    fam = NEW_FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     if fam.calls_in_content:
         return
     traj = conversation(two_users=False)
