@@ -1,12 +1,69 @@
-"""Shared test data for the chat tests: seven template families, each with a tiny tokenizer that
+"""Shared test data for the chat tests: eighteen template families, each with a tiny tokenizer that
 carries the family's special tokens, one tool conversation, and per-family functions that write
 the text each template should produce for an assistant turn — written from the family's format,
 independently of the renderer, so the tests compare two separate implementations.
+
+``FAMILIES`` holds the seven the renderer handles today; ``NEW_FAMILIES`` the eleven written from
+real templates whose quirks it must still learn (test_template_fixtures.py checks every Family
+field against its template). Family → quirks → what trajtune must do:
+
+===========  =====================================  ==========================================================
+family       quirks (real template)                 trajtune must
+===========  =====================================  ==========================================================
+chatml       Qwen2.5: Hermes <tool_call>,           render as is (generation markers agree)
+             {% generation %} markers
+qwen3        Qwen3: <think> kept only after the     split per turn (not prefix-stable); reasoning as a field
+             last user query
+llama3       Llama 3.1: eot <|eot_id|> ≠ eos; one   train <|eot_id|>; warn on parallel calls / dropped content
+             call per turn; content dropped
+mistral      Mistral v3: 9-char call ids, tools     adapt call ids; split
+             in the last user turn
+gemma        Gemma 3: system folded, alternation,   train <end_of_turn>; pythonic parser
+             ```tool_code``` calls
+phi3         Phi-3: <|end|> ≠ eos, ReAct calls      train <|end|>; react parser
+deepseek     DeepSeek V3: calls in ```json blocks,  reasoning cannot be trained: declare it
+             text before </think> cut
+gpt_oss      GPT-OSS harmony: `thinking` field;     reasoning as `thinking` (source-detected); train <|call|> on
+             <|call|> ends a call turn, <|return|>  call turns, <|return|> on answers; one call per turn; split
+             an answer; developer message; one      (analysis dropped once an answer follows, <|return|> turns
+             call per turn; content+thinking on a   into <|end|>); never send content and reasoning on a call
+             call turn raises                       turn
+command_r7b  Cohere 2: <|END_RESPONSE|> before the  train through <|END_OF_TURN_TOKEN|>, not <|END_RESPONSE|>;
+             stop token <|END_OF_TURN_TOKEN|>;      cut the turn at it (the template always appends the next
+             add_generation_prompt ignored; call    chatbot header); cohere parser; call-turn content is lost
+             ids renumbered "0", "1"…
+qwen35       Qwen3.5: XML <function=…><parameter=…> xml parser; the generation prompt already opens <think>:
+             calls; content string or parts;        policy tokens start inside it; split
+             generation prompt ends with <think>\n
+glm45        GLM-4.5: no end-of-turn string: the    train the next role token as the turn's end (<|observation|>
+             next role token ends a turn;           after calls, <|user|> after answers) and append it to the
+             <arg_key>/<arg_value> calls            last turn; glm45 parser; split
+lfm2         LFM2: tool list in <|tool_list_start|> write calls into the content as <|tool_call_start|>[f(a=1)]
+             …; tool_calls never read               <|tool_call_end|>; lfm2 parser
+nemotron     Llama-3.3-Nemotron: <TOOLCALL>[…];     nemotron parser; reasoning cannot be trained: declare it;
+             every turn cut at </think>;            /think, /no_think go in the system prompt
+             enable_thinking kwarg ignored
+smolvlm      SmolVLM/Idefics3: content read only    send content as text parts; fallback tool format
+             as parts (a string renders empty)
+gemma2       Gemma 1/2: system and tool roles       fold system into the first user turn and tool results into
+             refused, strict alternation; reasoning user turns, and say so in the doctor report; fallback tools;
+             words only in a comment                reasoning detection must ignore comments
+llama2       Llama 2: tool role refused (strict     fold tool results into user turns; train " </s>"; fallback
+             alternation), system folded by the     tools
+             template, " </s>", bos on every turn
+deepseek_r1  R1 distill: arguments must be a JSON   arguments as a JSON string; tool list into the system prompt;
+             string; no tool list; the 2nd call     end a call turn at its first eos (an empty assistant message
+             turn loses its markers; generation     follows); refuse conversations with a second call turn
+             prompt opens <think>                   clearly (it cannot be trained)
+smollm2      SmolLM2 (GGUF): ChatML without tools,  fallback tool format in the system prompt and content
+             default system prompt injected
+===========  =====================================  ==========================================================
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -19,15 +76,38 @@ TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
 
 @dataclass(frozen=True)
 class Family:
+    """One template family: its tokens, and what its template does that the renderer must handle.
+
+    The fields after ``added`` describe the template (checked by test_template_fixtures.py) and so
+    say what trajtune must do with it; their defaults describe a plain ChatML-like template.
+    """
+
     name: str
     special: tuple[str, ...]  # special tokens (bos/eos/pad included)
     bos: str | None
     eos: str
     pad: str
-    eot: str  # what closes an assistant turn
-    parser: str
+    eot: str  # what closes an assistant turn (a final answer, where it differs by turn type)
+    parser: str | None  # the parser for the template's own call format; None: it has none
     prefix_stable: bool  # over the two-user-turn conversation below
     added: tuple[str, ...] = field(default=())
+    native_tools: bool = True  # the template has a call format (rendered, or read from content: LFM2)
+    tools_in_prompt: bool = True  # the template writes the tool list into the prompt itself
+    calls_in_content: bool = False  # tool_calls are never read: calls must be written into the content
+    fallback: str | None = None  # the tool format to use when the template has none (native_tools False)
+    eot_call: str | None = None  # what closes a tool-call turn, where it differs from eot
+    eot_by_next_turn: bool = False  # nothing closes a turn: the next message's role token (eot/eot_call) does
+    end_of_response: str | None = None  # a string ending the answer BEFORE the stop token eot (not a stop)
+    trailer: str = ""  # what the template writes after the last message even without a generation prompt
+    system_role: str = "ok"  # "ok" | "refused" (raise_exception: fold it into the first user turn)
+    tool_role: str = "ok"  # "ok" | "refused" (raise_exception: send tool results as a user turn)
+    alternation: bool = False  # strict user/assistant alternation (raise_exception otherwise)
+    content: str = "string"  # content read as "string", "parts" only (text parts), or "both"
+    args_as_string: bool = False  # call arguments must be a JSON string (a dict raises or misrenders)
+    reasoning_field: str | None = None  # the message field the template reads reasoning from, if any
+    one_call_per_turn: bool = False  # a second call in one turn is dropped (or refused)
+    call_ids: str = "any"  # "any", or "mistral": 9 alphanumeric characters (others raise)
+    renderer: str = ""  # what trajtune must do with this template (the table above)
 
     @property
     def template(self) -> str:
@@ -44,19 +124,76 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            "<|im_end|>", "hermes", True, ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")),
     Family("qwen3", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>", "<|endoftext|>",
            "<|im_end|>", "hermes", False,
-           ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")),
+           ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+           reasoning_field="reasoning_content"),
     Family("llama3", ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                       "<|eot_id|>", "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"),
-           "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|eot_id|>", "llama3_json", True),
+           "<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>", "<|eot_id|>", "llama3_json", True,
+           one_call_per_turn=True),
     Family("mistral", ("<s>", "</s>", "<unk>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
-           "<s>", "</s>", "<unk>", "</s>", "mistral", False),
+           "<s>", "</s>", "<unk>", "</s>", "mistral", False, alternation=True, call_ids="mistral"),
     Family("gemma", ("<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>",
-           "<end_of_turn>", "pythonic", True),
+           "<end_of_turn>", "pythonic", True, alternation=True),
     Family("phi3", ("<s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<s>",
            "<|endoftext|>", "<|endoftext|>", "<|end|>", "react", True),
     Family("deepseek", DS, DS[0], DS[1], DS[-1], DS[1], "deepseek", True),
 ]}
+
+HARMONY = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
+           "<|constrain|>", "<|call|>")
+COHERE = ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", "<PAD>", "<|START_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>",
+          "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_ACTION|>",
+          "<|END_ACTION|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>")
+GLM = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+LFM = ("<|startoftext|>", "<|im_end|>", "<|pad|>", "<|im_start|>", "<|tool_list_start|>", "<|tool_list_end|>",
+       "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")
+LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+          "<|finetune_right_pad_id|>")
+IDEFICS = ("<|im_start|>", "<end_of_utterance>", "<|im_end|>", "<|endoftext|>", "<image>",
+           "<fake_token_around_image>", "<global-img>")
+HERMES_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+THINK = ("<think>", "</think>")
+
+# Families whose templates the renderer does not handle yet: kept apart from FAMILIES so that the
+# tests parametrized over FAMILIES keep describing what the renderer does today.
+NEW_FAMILIES: dict[str, Family] = {f.name: f for f in [
+    Family("gpt_oss", HARMONY, HARMONY[0], "<|return|>", "<|endoftext|>", "<|return|>", "harmony", False,
+           eot_call="<|call|>", reasoning_field="thinking", one_call_per_turn=True,
+           renderer="pass reasoning as `thinking`; train <|call|> on call turns, <|return|> on answers; split"),
+    Family("command_r7b", COHERE, COHERE[0], COHERE[1], "<PAD>", "<|END_OF_TURN_TOKEN|>", "cohere", True,
+           end_of_response="<|END_RESPONSE|>", trailer="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+           reasoning_field="reasoning_content",
+           renderer="train through <|END_OF_TURN_TOKEN|>, not <|END_RESPONSE|>; cut the always-added header"),
+    Family("qwen35", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), None, "<|im_end|>", "<|endoftext|>",
+           "<|im_end|>", "xml", False, HERMES_TAGS + THINK, content="both", reasoning_field="reasoning_content",
+           renderer="parse with `xml`; the generation prompt opens <think>: policy starts inside it; split"),
+    Family("glm45", GLM, None, "<|endoftext|>", "<|endoftext|>", "<|user|>", "glm45", False,
+           HERMES_TAGS + THINK + ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+           eot_call="<|observation|>", eot_by_next_turn=True, content="both", reasoning_field="reasoning_content",
+           renderer="train the next role token (<|observation|> / <|user|>) as the turn's end; add it on the last"),
+    Family("lfm2", LFM, LFM[0], "<|im_end|>", "<|pad|>", "<|im_end|>", "lfm2", True, calls_in_content=True,
+           renderer="template drops tool_calls: write <|tool_call_start|>[f(a=1)]<|tool_call_end|> into content"),
+    Family("nemotron", LLAMA3, LLAMA3[0], "<|eot_id|>", "<|finetune_right_pad_id|>", "<|eot_id|>", "nemotron",
+           True, renderer="parse with `nemotron`; reasoning cannot be trained (cut at </think>): declare it"),
+    Family("smolvlm", IDEFICS, IDEFICS[0], "<end_of_utterance>", "<|im_end|>", "<end_of_utterance>", None, True,
+           native_tools=False, tools_in_prompt=False, fallback="hermes", content="parts",
+           renderer="pass content as text parts (a string renders empty); fallback tool format"),
+    Family("gemma2", ("<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<eos>", "<pad>",
+           "<end_of_turn>", None, True, native_tools=False, tools_in_prompt=False, fallback="hermes",
+           system_role="refused", tool_role="refused", alternation=True,
+           renderer="fold system into the first user turn, tool results into user turns; fallback tools"),
+    Family("llama2", ("<s>", "</s>", "<unk>"), "<s>", "</s>", "<unk>", "</s>", None, True, native_tools=False,
+           tools_in_prompt=False, fallback="hermes", tool_role="refused", alternation=True,
+           renderer="fold tool results into user turns (the template folds system itself); fallback tools"),
+    Family("deepseek_r1", DS, DS[0], DS[1], DS[-1], DS[1], "deepseek", False, THINK, args_as_string=True,
+           tools_in_prompt=False,
+           renderer="arguments as a JSON string; end a call turn at its first eos; refuse a 2nd call turn"),
+    Family("smollm2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"), "<|im_start|>", "<|im_end|>", "<|im_end|>",
+           "<|im_end|>", None, True, native_tools=False, tools_in_prompt=False, fallback="hermes",
+           renderer="no tool support: fallback tool format in system prompt and content; tool turns kept"),
+]}
+ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **NEW_FAMILIES}
 
 CORPUS = [
     "The weather in Zürich is sunny, 21 °C. Bring an umbrella tomorrow!",
@@ -73,7 +210,7 @@ def tokenizer_for(name: str) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    fam = FAMILIES[name]
+    fam = ALL_FAMILIES[name]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -201,3 +338,188 @@ EXPECT: dict[str, Callable[..., str]] = {
     "chatml": expect_chatml, "qwen3": expect_qwen3, "llama3": expect_llama3, "mistral": expect_mistral,
     "gemma": expect_gemma, "phi3": expect_phi3, "deepseek": expect_deepseek,
 }
+
+
+# -- the new families -------------------------------------------------------------------------
+# Each EXPECT below writes what the model generates after the template's generation prompt,
+# through the string that ends the turn, as the template renders that turn when it is the last
+# message (so a turn after the last user query keeps its reasoning). Families without a native
+# call format have no call EXPECT: the renderer's fallback format is its own choice.
+
+
+def cohere_ids(traj: Trajectory) -> dict[str, str]:
+    """Command R7B renumbers call ids as ordinals over the whole conversation."""
+    calls = [c.id for m in traj.messages for c in m.tool_calls or []]
+    return {cid: str(k) for k, cid in enumerate(calls)}
+
+
+def _py(v: Any) -> str:
+    """A Python literal for a call argument (LFM2 writes calls as Python: True, None)."""
+    if isinstance(v, bool) or v is None:
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_py(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(_j(k) + ": " + _py(x) for k, x in v.items()) + "}"
+    return _j(v)
+
+
+def _no_native_calls(name: str, m: Message) -> None:
+    if m.tool_calls:
+        raise ValueError(f"{name} has no native call format: the renderer writes calls in its fallback format")
+
+
+def expect_gpt_oss(m: Message) -> str:
+    # The generation prompt is "<|start|>assistant"; an analysis message (reasoning, or the content
+    # of a call turn) comes first, then the call (first one only) or the final answer.
+    analysis = m.reasoning_content if m.reasoning_content is not None or not m.tool_calls else m.text()
+    out = "<|channel|>analysis<|message|>" + analysis + "<|end|><|start|>assistant" if analysis else ""
+    if m.tool_calls:
+        c = m.tool_calls[0]
+        return out + " to=functions." + c.name + "<|channel|>commentary json<|message|>" + _j(c.arguments) + "<|call|>"
+    return out + "<|channel|>final<|message|>" + m.text() + "<|return|>"
+
+
+def expect_command_r7b(m: Message, ids: dict[str, str]) -> str:
+    if m.tool_calls:
+        items = ['    {"tool_call_id": "' + ids[c.id] + '", "tool_name": "' + c.name + '", "parameters": '
+                 + _j(c.arguments) + "}" for c in m.tool_calls]
+        return ("<|START_THINKING|>" + (m.reasoning_content or "") + "<|END_THINKING|><|START_ACTION|>[\n"
+                + ",\n".join(items) + "\n]<|END_ACTION|><|END_OF_TURN_TOKEN|>")
+    return "<|START_RESPONSE|>" + m.text() + "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>"
+
+
+def expect_qwen35(m: Message) -> str:
+    # The generation prompt already holds "<think>\n".
+    c = m.text().strip()
+    out = (m.reasoning_content or "").strip() + "\n</think>\n\n" + c
+    for k, t in enumerate(m.tool_calls or []):
+        out += ("\n\n" if c else "") if k == 0 else "\n"
+        out += "<tool_call>\n<function=" + t.name + ">\n"
+        for a, v in t.arguments.items():
+            out += "<parameter=" + a + ">\n" + (v if isinstance(v, str) else _j(v)) + "\n</parameter>\n"
+        out += "</function>\n</tool_call>"
+    return out + "<|im_end|>"
+
+
+def expect_glm45(m: Message) -> str:
+    # Nothing closes the turn in the template: the next message's role token does.
+    r = (m.reasoning_content or "").strip()
+    out = "\n<think>" + r + "</think>"
+    if m.text().strip():
+        out += "\n" + m.text().strip()
+    for t in m.tool_calls or []:
+        out += "\n<tool_call>" + t.name + "\n" + "".join(
+            "<arg_key>" + a + "</arg_key>\n<arg_value>" + (v if isinstance(v, str) else _j(v)) + "</arg_value>\n"
+            for a, v in t.arguments.items()) + "</tool_call>"
+    return out + ("<|observation|>" if m.tool_calls else "<|user|>")
+
+
+def lfm2_content(m: Message) -> str:
+    """The content LFM2's template needs: the call list as the model writes it, then any text."""
+    if not m.tool_calls:
+        return m.text()
+    calls = ", ".join(t.name + "(" + ", ".join(f"{a}={_py(v)}" for a, v in t.arguments.items()) + ")"
+                      for t in m.tool_calls)
+    return "<|tool_call_start|>[" + calls + "]<|tool_call_end|>" + m.text()
+
+
+def expect_lfm2(m: Message) -> str:
+    return lfm2_content(m) + "<|im_end|>"
+
+
+def expect_nemotron(m: Message) -> str:
+    out = m.text()
+    if m.tool_calls:
+        out += "<TOOLCALL>[" + ", ".join('{"name": "' + t.name + '", "arguments": ' + _j(t.arguments) + "}"
+                                         for t in m.tool_calls) + "]</TOOLCALL>"
+    return out + "<|eot_id|>"
+
+
+def expect_smolvlm(m: Message) -> str:
+    _no_native_calls("smolvlm", m)
+    return " " + m.text() + "<end_of_utterance>"
+
+
+def expect_gemma2(m: Message) -> str:
+    _no_native_calls("gemma2", m)
+    return m.text().strip() + "<end_of_turn>"
+
+
+def expect_llama2(m: Message) -> str:
+    _no_native_calls("llama2", m)
+    return " " + m.text().strip() + " </s>"
+
+
+def expect_deepseek_r1(m: Message) -> str:
+    # After "<｜Assistant｜>" (a call turn) or after "<｜tool▁outputs▁end｜>" (an answer to tool output).
+    if m.tool_calls:
+        return "<｜tool▁calls▁begin｜>" + "\n".join(
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>" + t.name + "\n```json\n" + _j(t.arguments)
+            + "\n```<｜tool▁call▁end｜>" for t in m.tool_calls) + "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+    return m.text() + "<｜end▁of▁sentence｜>"
+
+
+def expect_smollm2(m: Message) -> str:
+    _no_native_calls("smollm2", m)
+    return m.text() + "<|im_end|>"
+
+
+EXPECT.update({
+    "gpt_oss": expect_gpt_oss, "command_r7b": expect_command_r7b, "qwen35": expect_qwen35, "glm45": expect_glm45,
+    "lfm2": expect_lfm2, "nemotron": expect_nemotron, "smolvlm": expect_smolvlm, "gemma2": expect_gemma2,
+    "llama2": expect_llama2, "deepseek_r1": expect_deepseek_r1, "smollm2": expect_smollm2,
+})
+
+
+def native_messages(traj: Trajectory, fam: Family) -> list[dict[str, Any]]:
+    """The conversation in the shape ``fam``'s template needs, written here from the Family fields
+    (independently of the renderer): reasoning under the field it reads, arguments as a string
+    where required, content as text parts where required, calls in the content for LFM2, and a
+    turn without content as "" (transformers drops None-valued keys, and a missing content
+    raises in the LFM2, Nemotron, SmolLM2 and DeepSeek-R1 templates). Roles are left as they
+    are: folding refused roles is :func:`fold_roles`'s job."""
+    out: list[dict[str, Any]] = []
+    for m in traj.messages:
+        text = lfm2_content(m) if fam.calls_in_content else m.text()
+        content: Any = [{"type": "text", "text": text}] if fam.content == "parts" else text
+        d: dict[str, Any] = {"role": m.role, "content": content}
+        if m.tool_calls and not fam.calls_in_content:
+            d["tool_calls"] = [{"id": _call_id(c.id, fam), "type": "function", "function": {
+                "name": c.name, "arguments": _j(c.arguments) if fam.args_as_string else c.arguments}}
+                for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = _call_id(m.tool_call_id, fam)
+        if fam.reasoning_field and m.reasoning_content is not None:
+            d[fam.reasoning_field] = m.reasoning_content
+        out.append(d)
+    return out
+
+
+def _call_id(cid: str, fam: Family) -> str:
+    """Mistral refuses ids that are not 9 alphanumeric characters: ``call_000001`` → ``call00001``."""
+    return re.sub(r"[^A-Za-z0-9]", "", cid)[-9:].rjust(9, "0") if fam.call_ids == "mistral" else cid
+
+
+def fold_roles(msgs: list[dict[str, Any]], system: bool = True, tools: bool = True) -> list[dict[str, Any]]:
+    """The shape a template that refuses ``system`` or ``tool`` messages can render: the system
+    prompt before the first user message (blank line between, as Gemma 3 does), and each run of
+    tool results as one user turn of ``<tool_response>`` blocks (as Qwen / Hermes do)."""
+    out: list[dict[str, Any]] = []
+    prompt = ""
+    for d in msgs:
+        d = dict(d)
+        if d["role"] == "system" and system:
+            prompt = d["content"]
+            continue
+        if d["role"] == "tool" and tools:
+            block = "<tool_response>\n" + d["content"] + "\n</tool_response>"
+            if out and out[-1].get("folded"):
+                out[-1]["content"] += "\n" + block
+                continue
+            d = {"role": "user", "content": block, "folded": True}
+        elif d["role"] == "user" and prompt:
+            d["content"] = prompt + "\n\n" + d["content"]
+            prompt = ""
+        out.append(d)
+    return [{k: v for k, v in d.items() if k != "folded"} for d in out]

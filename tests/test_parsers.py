@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
-from chat_fixtures import FAMILIES, conversation, tokenizer_for
+from chat_fixtures import EXPECT, FAMILIES, NEW_FAMILIES, cohere_ids, conversation, tokenizer_for
 
 from trajtune.chat import parsers as P
 from trajtune.chat.parsers import available_parsers, detect_parser, parse_tool_calls, split_reasoning
 from trajtune.chat.render import SOURCE_POLICY, ChatRenderer, RenderConfig
 
 PARSER_FNS = {"hermes": P.parse_hermes, "mistral": P.parse_mistral, "llama3_json": P.parse_llama3_json,
-              "pythonic": P.parse_pythonic, "react": P.parse_react, "deepseek": P.parse_deepseek}
+              "pythonic": P.parse_pythonic, "react": P.parse_react, "deepseek": P.parse_deepseek,
+              "xml": P.parse_xml, "glm45": P.parse_glm45, "nemotron": P.parse_nemotron, "cohere": P.parse_cohere,
+              "lfm2": P.parse_lfm2, "harmony": P.parse_harmony}
 
 VALID = {
     "hermes": 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"q": "say \\"hi\\" ☂"}}\n</tool_call>',
@@ -20,6 +22,14 @@ VALID = {
     "react": 'Sure.\nAction: f\nAction Input: {"q": "say \\"hi\\" ☂"}',
     "deepseek": 'Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n'
                 '{"q": "say \\"hi\\" ☂"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "xml": 'Sure.\n\n<tool_call>\n<function=f>\n<parameter=q>\nsay "hi" ☂\n</parameter>\n</function>\n</tool_call>',
+    "glm45": 'Sure.\n<tool_call>f\n<arg_key>q</arg_key>\n<arg_value>say "hi" ☂</arg_value>\n</tool_call>',
+    "nemotron": 'Sure.<TOOLCALL>[{"name": "f", "arguments": {"q": "say \\"hi\\" ☂"}}]</TOOLCALL>',
+    "cohere": 'Sure.<|START_ACTION|>[{"tool_call_id": "0", "tool_name": "f", "parameters": {"q": "say \\"hi\\" ☂"}}]'
+              '<|END_ACTION|>',
+    "lfm2": '<|tool_call_start|>[f(q="say \\"hi\\" ☂")]<|tool_call_end|>Sure.',
+    "harmony": '<|channel|>commentary<|message|>Sure.<|end|><|start|>assistant to=functions.f<|channel|>commentary '
+               'json<|message|>{"q": "say \\"hi\\" ☂"}',
 }
 
 
@@ -225,3 +235,191 @@ def test_parsers_round_trip_what_each_template_renders(name):
         if not m.tool_calls and name != "deepseek":
             assert parsed.content == m.text()
     assert n_calls == 2
+
+
+# -- the parsers for the new template families ---------------------------------------------------
+
+NEW_PARSERS = ["xml", "glm45", "nemotron", "cohere", "lfm2", "harmony"]
+
+
+@pytest.mark.parametrize("name", [n for n, f in NEW_FAMILIES.items() if f.parser])
+@pytest.mark.parametrize("with_content", [False, True])
+def test_new_parsers_round_trip_each_family_turn(name, with_content):
+    """parse(EXPECT(turn)) gives back the turn's calls, content and reasoning; EXPECT is the text the
+    template itself renders (test_template_fixtures), so this is parse(render(call)) == call."""
+    fam = NEW_FAMILIES[name]
+    traj = conversation(content_with_call=with_content and name != "gpt_oss")  # gpt-oss refuses that shape
+    calls = 0
+    for m in traj.messages:
+        if m.role != "assistant":
+            continue
+        text = EXPECT[name](m, cohere_ids(traj)) if name == "command_r7b" else EXPECT[name](m)
+        end = fam.eot_call if m.tool_calls and fam.eot_call else fam.eot
+        r = parse_tool_calls(text[: -len(end)], fam.parser, reasoning=True)
+        assert r.errors == []
+        assert [(c.name, c.arguments) for c in r.tool_calls] == [(c.name, c.arguments) for c in m.tool_calls or []]
+        calls += len(r.tool_calls)
+        dropped = m.tool_calls and name in ("command_r7b", "deepseek_r1")  # their templates drop that content
+        assert r.content == ("" if dropped else m.text())
+        if fam.reasoning_field and not (name == "command_r7b" and not m.tool_calls):
+            assert r.reasoning == m.reasoning_content
+    assert calls == 2
+
+
+@pytest.mark.parametrize("name", list(NEW_FAMILIES))
+def test_detect_parser_on_the_new_fixture_templates(name):
+    assert detect_parser(NEW_FAMILIES[name].template) == NEW_FAMILIES[name].parser
+
+
+def test_detect_parser_ignores_jinja_comments():
+    body = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    for marker in ("<TOOLCALL>", "<arg_key>", "<function=", "<|START_ACTION|>", "<tool_call>", "tool_code"):
+        assert detect_parser("{#- the model writes " + marker + " -#}" + body) is None
+        assert detect_parser(body + "{{ '" + marker + "' }}") is not None
+
+
+@pytest.mark.parametrize("name,text,needle", [
+    ("xml", "<tool_call>\n<function=f>\n<parameter=a>\n1", "unterminated <parameter=a>"),
+    ("xml", "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n", "unterminated <function=f>"),
+    ("xml", "<tool_call>\n<function=f", "unterminated or empty"),
+    ("xml", "<tool_call>\n<function=f>\n</function>\nbye", "unterminated <tool_call>"),
+    ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1", "unterminated"),
+    ("nemotron", '<TOOLCALL>[{"name": "f", "arguments": {"a": 1}', "unterminated"),
+    ("cohere", '<|START_ACTION|>[{"tool_name": "f", "parameters": {"a": 1}', "unterminated"),
+    ("lfm2", "<|tool_call_start|>[f(a=1)", "unterminated"),
+    # complete payloads whose block was cut off before its closing tag
+    ("glm45", "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n", "unterminated"),
+    ("nemotron", '<TOOLCALL>[{"name": "f", "arguments": {}}]', "unterminated"),
+    ("cohere", '<|START_ACTION|>[{"tool_name": "f", "parameters": {}}]', "unterminated"),
+    ("lfm2", "<|tool_call_start|>[f(a=1)]", "unterminated"),
+    ("harmony", "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant to=functions.f<|channel|>commentary",
+     "without <|message|>"),
+])
+def test_new_parsers_report_unterminated_blocks(name, text, needle):
+    r = parse_tool_calls(text, name)
+    assert any(needle in e for e in r.errors), r.errors
+    assert r.tool_calls == []  # a cut-off call is never executed
+
+
+@pytest.mark.parametrize("name,text", [
+    ("nemotron", "<TOOLCALL>[{name: f}]</TOOLCALL>"),
+    ("cohere", "<|START_ACTION|>[{tool_name: f}]<|END_ACTION|>"),
+    ("lfm2", '<|tool_call_start|>[{"name": f}]<|tool_call_end|>'),
+    ("harmony", "<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{a: 1}<|call|>"),
+])
+def test_new_parsers_report_invalid_json(name, text):
+    r = parse_tool_calls(text, name)
+    assert r.tool_calls == [] and any("JSON" in e for e in r.errors), r.errors
+
+
+@pytest.mark.parametrize("name", NEW_PARSERS)
+def test_new_parsers_survive_junk(name):
+    for junk in ["<tool_call><tool_call></tool_call>", "<function=>", "<function=f><parameter=>", "<arg_key>",
+                 "<|start|><|start|><|message|>", "<|channel|><|channel|>", "<TOOLCALL></TOOLCALL>",
+                 "<|START_ACTION|><|END_ACTION|>", "<|tool_call_start|><|tool_call_end|>", "[" * 200,
+                 '<TOOLCALL>[{"name": "f", "arguments": ' + "[" * 5000 + "]" * 5000 + "}]</TOOLCALL>"]:
+        r = PARSER_FNS[name](junk)
+        assert isinstance(r.errors, list)
+
+
+def test_xml_and_glm_values_decode_json_non_strings_only():
+    """The templates write strings raw and everything else as JSON; reading back is ambiguous for a
+    string that looks like JSON, which comes back decoded (documented in _scalar_or_text)."""
+    f = P._scalar_or_text
+    assert [f("42"), f("-2.5"), f("true"), f("null"), f('{"a": [1]}'), f("[1, \"x\"]")] == \
+        [42, -2.5, True, None, {"a": [1]}, [1, "x"]]
+    assert [f("Zürich"), f('"quoted"'), f(""), f("True"), f("{a: 1}")] == ["Zürich", '"quoted"', "", "True", "{a: 1}"]
+    text = ("<function=f>\n<parameter=code>\n\nline 1\n  line 2\n\n</parameter>\n<parameter=n>\n3\n</parameter>\n"
+            "</function>")
+    r = parse_tool_calls(text, "xml")
+    assert r.errors == [] and r.tool_calls[0].arguments == {"code": "\nline 1\n  line 2\n", "n": 3}
+
+
+def test_xml_forms_and_errors():
+    two = ("<tool_call>\n<function=a.b>\n</function>\n</tool_call>\n<tool_call>\n<function=c>\n<parameter=x>\n"
+           "1\n</parameter>\n</function>\n</tool_call>")
+    r = parse_tool_calls(two, "xml")
+    assert r.errors == [] and [(c.name, c.arguments) for c in r.tool_calls] == [("a.b", {}), ("c", {"x": 1})]
+    bare = parse_tool_calls("<function=f>\n<parameter=x>\ny\n</parameter>\n</function>", "xml")
+    assert bare.errors == [] and bare.tool_calls[0].arguments == {"x": "y"}
+    for text, needle in [
+        ("<function=f>\n<parameter=x>\n1\n</parameter>\n<parameter=x>\n2\n</parameter>\n</function>", "duplicate"),
+        ("<function=f>\nx=1\n</function>", "text outside <parameter"),
+        ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', "stray <tool_call>"),
+    ]:
+        r = parse_tool_calls(text, "xml")
+        assert r.tool_calls == [] and any(needle in e for e in r.errors), (text, r.errors)
+
+
+def test_glm45_forms_and_errors():
+    r = parse_tool_calls("<tool_call>f\n</tool_call><tool_call>g\n<arg_key>a</arg_key>\n<arg_value>[1]</arg_value>\n"
+                         "</tool_call>", "glm45")
+    assert r.errors == [] and [(c.name, c.arguments) for c in r.tool_calls] == [("f", {}), ("g", {"a": [1]})]
+    for text in ['<tool_call>{"name": "f"}</tool_call>', "<tool_call>f\n<arg_key>a</arg_key>junk</tool_call>",
+                 "<tool_call>f\n<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2"
+                 "</arg_value></tool_call>",
+                 "<tool_call>\n</tool_call>"]:
+        r = parse_tool_calls(text, "glm45")
+        assert r.tool_calls == [] and r.errors, text
+
+
+def test_nemotron_forms_and_errors():
+    r = parse_tool_calls('<TOOLCALL>[{"name": "f", "arguments": {}}, {"name": "g", "arguments": {"a": 1}}]'
+                         "</TOOLCALL> and more", "nemotron")
+    assert [c.name for c in r.tool_calls] == ["f", "g"] and r.errors == ["text after </TOOLCALL>: 'and more'"]
+    r = parse_tool_calls('<TOOLCALL>[{"name": "f", "arguments": "{\\"a\\": 1}"}]</TOOLCALL>', "nemotron")
+    assert r.tool_calls[0].arguments == {"a": 1} and "double-encoded" in r.errors[0]
+    assert parse_tool_calls("<TOOLCALL>[]</TOOLCALL>", "nemotron").errors == \
+        ["tool call: expected a non-empty JSON list of calls"]
+
+
+def test_cohere_forms_and_errors():
+    text = ('<|START_THINKING|>Plan.<|END_THINKING|><|START_ACTION|>[{"tool_call_id": "3", "tool_name": "f", '
+            '"parameters": {"a": 1}}]<|END_ACTION|>')
+    r = parse_tool_calls(text, "cohere", taken_ids=set())
+    assert r.errors == [] and r.reasoning == "Plan." and r.tool_calls[0].id == "3" and r.content == ""
+    r = parse_tool_calls("<|START_RESPONSE|>Hi.<|END_RESPONSE|> trailing", "cohere")
+    assert r.content == "Hi." and r.errors == ["text outside the response block: 'trailing'"]
+    r = parse_tool_calls('<|START_ACTION|>{"tool_name": "f", "parameters": {}}<|END_ACTION|>', "cohere")
+    assert [c.name for c in r.tool_calls] == ["f"] and "one object" in r.errors[0]
+    r = parse_tool_calls("<|START_RESPONSE|>a<|END_RESPONSE|><|START_RESPONSE|>b<|END_RESPONSE|>", "cohere")
+    assert any("more than one" in e for e in r.errors)
+
+
+def test_lfm2_forms_and_never_evaluates(tmp_path):
+    r = parse_tool_calls('<|tool_call_start|>[f(a=1)]<|tool_call_end|>x<|tool_call_start|>[{"name": "g", '
+                         '"arguments": {"b": true}}]<|tool_call_end|>', "lfm2")
+    assert r.errors == [] and [(c.name, c.arguments) for c in r.tool_calls] == [("f", {"a": 1}), ("g", {"b": True})]
+    assert r.content == "x"
+    target = tmp_path / "pwned"
+    r = parse_tool_calls(f"<|tool_call_start|>[f(a=open({str(target)!r}, 'w'))]<|tool_call_end|>", "lfm2")
+    assert r.tool_calls == [] and r.errors and not target.exists()
+    r = parse_tool_calls("<|tool_call_start|>calling [f(a=1)]<|tool_call_end|>", "lfm2")
+    assert [c.name for c in r.tool_calls] == ["f"] and "text inside the call block" in r.errors[0]
+    assert parse_tool_calls("[f(a=1)]", "lfm2").tool_calls == []  # only inside the markers
+
+
+def test_harmony_forms_and_errors():
+    # as the model writes it: recipient after the channel, <|constrain|> before the body
+    text = ("<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_time <|constrain|>json<|message|>{"tz": "UTC"}')
+    r = parse_tool_calls(text, "harmony", reasoning=True)
+    assert r.errors == [] and r.reasoning == "Need the time." and r.tool_calls[0].name == "get_time"
+    assert r.tool_calls[0].arguments == {"tz": "UTC"}
+    r = parse_tool_calls("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b"
+                         "<|end|><|start|>assistant<|channel|>final<|message|>Done.", "harmony")
+    assert r.errors == [] and r.reasoning == "a\nb" and r.content == "Done." and r.tool_calls == []
+    r = parse_tool_calls('<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}<|call|>'
+                         '<|start|>functions.f to=assistant<|channel|>commentary<|message|>"made up"<|end|>', "harmony")
+    assert [c.name for c in r.tool_calls] == ["f"] and "as 'functions.f'" in r.errors[0]
+    r = parse_tool_calls("<|channel|>final<|message|>a<|start|>assistant<|channel|>final<|message|>b", "harmony")
+    assert "not closed" in r.errors[0]
+    assert parse_tool_calls("plain <b>text</b>", "harmony").content == "plain <b>text</b>"
+
+
+def test_parse_tool_calls_keeps_reasoning_the_parser_read():
+    text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi."
+    assert parse_tool_calls(text, "harmony").reasoning == "Think."
+    assert parse_tool_calls(text, "harmony", reasoning=True).reasoning == "Think."
+    assert parse_tool_calls("<think>t</think><|START_RESPONSE|>x<|END_RESPONSE|>", "cohere",
+                            reasoning=True).reasoning == "t"

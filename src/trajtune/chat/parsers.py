@@ -85,7 +85,8 @@ def parse_tool_calls(text: str, parser: str = "hermes", *, taken_ids: set[str] |
         result = _PARSERS[parser](text)
     except Exception as e:  # a parser bug must not take down a rollout; report it as a format error
         result = ParseResult(content=text, errors=[f"parser {parser!r} failed: {type(e).__name__}: {e}"])
-    result.reasoning = think
+    if think is not None:  # else keep what the parser read (harmony analysis, Cohere thinking)
+        result.reasoning = think
     result.errors[:0] = think_errors
     taken = taken_ids if taken_ids is not None else set()
     ordinal = id_start
@@ -514,15 +515,372 @@ def parse_deepseek(text: str) -> ParseResult:
     return ParseResult(content=_tidy(content), tool_calls=calls, errors=errors)
 
 
+# -- shared by the XML-ish formats ------------------------------------------------------------
+
+def _scalar_or_text(raw: str) -> Any:
+    """A parameter value from a template that writes strings raw and everything else as JSON.
+
+    A value that decodes as JSON to something other than a string (number, boolean, null,
+    object, array) is decoded; anything else stays the text itself. Without the tool's schema
+    this is ambiguous: a string parameter whose text is ``42`` or ``true`` comes back as a number
+    or a boolean. (Qwen3-Coder's template writes booleans with Python's ``str``, ``True``: that
+    stays the string "True".)
+    """
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        return raw
+    return raw if isinstance(value, str) else value
+
+
+def _between(text: str, start: int, close: str) -> tuple[str, int, bool]:
+    """(text up to ``close``, position after it, whether it was found); unfound: the rest."""
+    end = text.find(close, start)
+    if end < 0:
+        return text[start:], len(text), False
+    return text[start:end], end + len(close), True
+
+
+# -- XML (Qwen3-Coder, Qwen3.5) ---------------------------------------------------------------
+
+_XML_FUNCTION = "<function="
+_XML_PARAM = re.compile(r"<parameter=([^>\n]*)>")
+
+
+def _xml_params(body: str, where: str, errors: list[str]) -> dict[str, Any] | None:
+    args: dict[str, Any] = {}
+    pos = 0
+    while True:
+        m = _XML_PARAM.search(body, pos)
+        stray = body[pos:m.start() if m else len(body)].strip()
+        if stray:
+            errors.append(f"{where}: text outside <parameter=…>: {stray[:60]!r}")
+            return None
+        if m is None:
+            return args
+        raw, pos, closed = _between(body, m.end(), "</parameter>")
+        name = m.group(1).strip()
+        if not closed:
+            errors.append(f"{where}: unterminated <parameter={name}>")
+            return None
+        if not name or name in args:
+            errors.append(f"{where}: {'duplicate' if name else 'empty'} parameter name {name!r}")
+            return None
+        raw = raw[1:] if raw.startswith("\n") else raw  # the template writes "\n" + value + "\n"
+        args[name] = _scalar_or_text(raw[:-1] if raw.endswith("\n") else raw)
+
+
+@register_parser("xml")
+def parse_xml(text: str) -> ParseResult:
+    """Qwen3-Coder / Qwen3.5: ``<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>
+    \\n</function>\\n</tool_call>``, one block per call, the outer ``<tool_call>`` optional. Values
+    follow :func:`_scalar_or_text`. Text outside the blocks is content."""
+    errors: list[str] = []
+    calls: list[ToolCall] = []
+    content: list[str] = []
+    pos = 0
+    index = 0
+    while (start := text.find(_XML_FUNCTION, pos)) >= 0:
+        where = f"tool call {index}"
+        index += 1
+        before = text[pos:start]
+        wrapped = before.rstrip().endswith(_HERMES_OPEN)
+        content.append(before.rstrip()[: -len(_HERMES_OPEN)] if wrapped else before)
+        head_end = text.find(">", start)
+        name = text[start + len(_XML_FUNCTION):head_end].strip() if head_end >= 0 else ""
+        if head_end < 0 or not name or "\n" in name:
+            errors.append(f"{where}: unterminated or empty <function=…> tag")
+            return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors)
+        body, pos, closed = _between(text, head_end + 1, "</function>")
+        if not closed:
+            errors.append(f"{where}: unterminated <function={name}>")
+        elif wrapped:
+            rest = _skip_ws(text, pos)
+            closed = text.startswith(_HERMES_CLOSE, rest)
+            if closed:
+                pos = rest + len(_HERMES_CLOSE)
+            else:
+                errors.append(f"{where}: unterminated {_HERMES_OPEN}")
+        args = _xml_params(body, where, errors)
+        if args is not None and closed:  # a cut-off call may lack parameters: reported, not executed
+            calls.append(ToolCall(id="", name=name, arguments=args, arguments_raw=body.strip()))
+    rest = text[pos:]
+    content.append(rest)
+    for tag in (_HERMES_OPEN, _HERMES_CLOSE):
+        if tag in rest:
+            errors.append(f"stray {tag} without a <function=…> block")
+    return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors)
+
+
+# -- GLM-4.5 ----------------------------------------------------------------------------------
+
+_GLM_PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+@register_parser("glm45")
+def parse_glm45(text: str) -> ParseResult:
+    """GLM-4.5/4.6: ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n…
+    </tool_call>`` per call; values follow :func:`_scalar_or_text`. Text outside is content."""
+    errors: list[str] = []
+    calls: list[ToolCall] = []
+    content: list[str] = []
+    pos = 0
+    index = 0
+    while (start := text.find(_HERMES_OPEN, pos)) >= 0:
+        where = f"tool call {index}"
+        index += 1
+        content.append(text[pos:start])
+        body, pos, closed = _between(text, start + len(_HERMES_OPEN), _HERMES_CLOSE)
+        if not closed:
+            errors.append(f"{where}: unterminated {_HERMES_OPEN}")
+        cut = min((i for i in (body.find("<arg_key>"), body.find("\n")) if i >= 0), default=len(body))
+        name, rest = body[:cut].strip(), body[cut:]
+        if not re.fullmatch(r"[^\s<>{}\[\]\"]+", name):
+            errors.append(f"{where}: expected a function name after {_HERMES_OPEN}, got {name[:40]!r}")
+            continue
+        args: dict[str, Any] = {}
+        at = 0
+        while (m := _GLM_PAIR.match(rest, at)) is not None and m.group(1).strip() not in args:
+            args[m.group(1).strip()] = _scalar_or_text(m.group(2))
+            at = m.end()
+        if rest[at:].strip():  # also a repeated key: the pair is left unread
+            errors.append(f"{where}: expected <arg_key>K</arg_key><arg_value>V</arg_value> pairs, "
+                          f"got {rest[at:].strip()[:60]!r}")
+            continue
+        if closed:  # a cut-off call may lack arguments: reported, not executed
+            calls.append(ToolCall(id="", name=name, arguments=args, arguments_raw=rest.strip()))
+    content.append(text[pos:])
+    return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors)
+
+
+# -- tagged JSON lists (Nemotron, Cohere) -----------------------------------------------------
+
+def _json_calls(raw: str, where: str, errors: list[str], name_key: str = "name",
+                args_key: str = "arguments", id_key: str = "id") -> list[ToolCall]:
+    """Calls from a JSON list of objects (one object is accepted, and reported)."""
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as e:
+        errors.append(f"{where}: invalid JSON ({getattr(e, 'msg', type(e).__name__)})")
+        return []
+    if isinstance(obj, dict):
+        errors.append(f"{where}: expected a JSON list of calls, got one object")
+        obj = [obj]
+    if not isinstance(obj, list) or not obj:
+        errors.append(f"{where}: expected a non-empty JSON list of calls")
+        return []
+    calls: list[ToolCall] = []
+    for k, item in enumerate(obj):
+        if isinstance(item, dict):
+            cid = item.get(id_key)
+            item = {"name": item.get(name_key), "arguments": item.get(args_key, {}),
+                    "id": str(cid) if isinstance(cid, (str, int)) and not isinstance(cid, bool) else ""}
+        call = _call_from_obj(item, json.dumps(item, ensure_ascii=False), errors, f"{where}.{k}")
+        if call is not None:
+            calls.append(call)
+    return calls
+
+
+_TOOLCALL_OPEN, _TOOLCALL_CLOSE = "<TOOLCALL>", "</TOOLCALL>"
+
+
+@register_parser("nemotron")
+def parse_nemotron(text: str) -> ParseResult:
+    """Llama-Nemotron: content, then ``<TOOLCALL>[{"name": …, "arguments": {…}}, …]</TOOLCALL>``."""
+    errors: list[str] = []
+    start = text.find(_TOOLCALL_OPEN)
+    if start < 0:
+        return ParseResult(content=_tidy(text))
+    raw, end, closed = _between(text, start + len(_TOOLCALL_OPEN), _TOOLCALL_CLOSE)
+    if not closed:
+        errors.append(f"unterminated {_TOOLCALL_OPEN}")
+    elif text[end:].strip():
+        errors.append(f"text after {_TOOLCALL_CLOSE}: {text[end:].strip()[:60]!r}")
+    calls = _json_calls(raw.strip(), "tool call", errors) if closed else []
+    return ParseResult(content=_tidy(text[:start]), tool_calls=calls, errors=errors)
+
+
+_COHERE_BLOCKS = {"thinking": ("<|START_THINKING|>", "<|END_THINKING|>"),
+                  "action": ("<|START_ACTION|>", "<|END_ACTION|>"),
+                  "response": ("<|START_RESPONSE|>", "<|END_RESPONSE|>")}
+
+
+@register_parser("cohere")
+def parse_cohere(text: str) -> ParseResult:
+    """Command R7B / Command A: ``<|START_THINKING|>…<|END_THINKING|>`` (reasoning), then
+    ``<|START_ACTION|>[{"tool_call_id": "0", "tool_name": …, "parameters": {…}}]<|END_ACTION|>``
+    or ``<|START_RESPONSE|>…<|END_RESPONSE|>`` (content). The model's ``tool_call_id`` ordinals
+    are kept as call ids. Text outside the blocks is content, reported when a response block
+    exists too."""
+    errors: list[str] = []
+    found: dict[str, str] = {}
+    outside: list[str] = []
+    pos = 0
+    while True:
+        hits = [(i, k) for k, (o, _) in _COHERE_BLOCKS.items() if (i := text.find(o, pos)) >= 0]
+        if not hits:
+            outside.append(text[pos:])
+            break
+        start, kind = min(hits)
+        outside.append(text[pos:start])
+        opener, closer = _COHERE_BLOCKS[kind]
+        body, pos, closed = _between(text, start + len(opener), closer)
+        if not closed:
+            errors.append(f"unterminated {opener}")
+            if kind == "action":  # a cut-off call list is reported, never executed
+                continue
+        if kind in found:
+            errors.append(f"more than one {opener} block")
+        found[kind] = found.get(kind, "") + body
+    rest = "".join(outside)
+    calls = _json_calls(found["action"].strip(), "tool call", errors, "tool_name", "parameters",
+                        "tool_call_id") if "action" in found else []
+    if "response" in found and rest.strip():
+        errors.append(f"text outside the response block: {rest.strip()[:60]!r}")
+    content = found.get("response", rest)
+    return ParseResult(content=_tidy(content), tool_calls=calls, errors=errors, reasoning=found.get("thinking"))
+
+
+# -- LFM2 -------------------------------------------------------------------------------------
+
+_LFM_OPEN, _LFM_CLOSE = "<|tool_call_start|>", "<|tool_call_end|>"
+
+
+@register_parser("lfm2")
+def parse_lfm2(text: str) -> ParseResult:
+    """LFM2: ``<|tool_call_start|>[f(a=1), g(b="x")]<|tool_call_end|>`` (pythonic, read by the
+    ``pythonic`` parser: nothing is evaluated) or a JSON list of ``{"name", "arguments"}`` in the
+    same markers. Text outside the markers is content."""
+    errors: list[str] = []
+    calls: list[ToolCall] = []
+    content: list[str] = []
+    pos = 0
+    index = 0
+    while (start := text.find(_LFM_OPEN, pos)) >= 0:
+        where = f"call block {index}"
+        index += 1
+        content.append(text[pos:start])
+        inner, pos, closed = _between(text, start + len(_LFM_OPEN), _LFM_CLOSE)
+        if not closed:  # a cut-off call list is reported, never executed
+            errors.append(f"{where}: unterminated {_LFM_OPEN}")
+            break
+        body = inner.strip()
+        if body.startswith(("[{", "{")):
+            calls += _json_calls(body, where, errors)
+            continue
+        sub = parse_pythonic(body)
+        errors += [f"{where}: {e}" for e in sub.errors]
+        if not sub.tool_calls and not sub.errors:
+            errors.append(f"{where}: expected a call list like [f(a=1)]")
+        elif sub.content:
+            errors.append(f"{where}: text inside the call block: {sub.content[:60]!r}")
+        calls += sub.tool_calls
+    content.append(text[pos:])
+    if _LFM_CLOSE in content[-1]:
+        errors.append(f"stray {_LFM_CLOSE} without an opening marker")
+    return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors)
+
+
+# -- GPT-OSS harmony --------------------------------------------------------------------------
+
+_H_START, _H_MESSAGE, _H_CHANNEL = "<|start|>", "<|message|>", "<|channel|>"
+_H_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+_H_CHANNEL_NAME = re.compile(re.escape(_H_CHANNEL) + r"\s*(\w+)")
+_H_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+
+
+def _harmony_messages(text: str, errors: list[str]) -> list[tuple[str, str]]:
+    """(header, body) pairs; the first header follows the generation prompt ``<|start|>assistant``."""
+    out: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(text):
+        if text.startswith(_H_START, pos):
+            pos += len(_H_START)
+        elif out:
+            errors.append(f"text between messages: {text[pos:].strip()[:60]!r}")
+            break
+        head_end = text.find(_H_MESSAGE, pos)
+        if head_end < 0:
+            errors.append(f"message header without {_H_MESSAGE}: {text[pos:].strip()[:60]!r}")
+            break
+        body_start = head_end + len(_H_MESSAGE)
+        ends = [(i, s) for s in _H_ENDS + (_H_START,) if (i := text.find(s, body_start)) >= 0]
+        end, marker = min(ends) if ends else (len(text), "")
+        if marker == _H_START:
+            errors.append(f"message not closed before the next {_H_START}")
+        out.append((text[pos:head_end], text[body_start:end]))
+        pos = _skip_ws(text, end + (len(marker) if marker in _H_ENDS else 0))
+    return out
+
+
+@register_parser("harmony")
+def parse_harmony(text: str) -> ParseResult:
+    """GPT-OSS harmony messages after the ``<|start|>assistant`` generation prompt:
+    ``<|channel|>analysis<|message|>…<|end|>`` (reasoning), ``<|start|>assistant
+    to=functions.NAME<|channel|>commentary json<|message|>{…}<|call|>`` (a call; ``to=`` may also
+    follow the channel, as the model often writes it), ``<|channel|>final<|message|>…`` (content).
+    Text without any harmony marker is plain content."""
+    if _H_MESSAGE not in text and _H_CHANNEL not in text:
+        return ParseResult(content=_tidy(text))
+    errors: list[str] = []
+    calls: list[ToolCall] = []
+    content: list[str] = []
+    analysis: list[str] = []
+    for k, (header, body) in enumerate(_harmony_messages(text, errors)):
+        where = f"message {k}"
+        role = header.split(_H_CHANNEL)[0].split("to=")[0].strip()
+        if role not in ("", "assistant"):
+            errors.append(f"{where}: the model wrote a message as {role!r}")
+            continue
+        channel = _H_CHANNEL_NAME.search(header)
+        recipient = _H_RECIPIENT.search(header)
+        if recipient is not None:
+            name = recipient.group(1).removeprefix("functions.")
+            raw = body.strip()
+            try:
+                args = json.loads(raw) if raw else {}
+            except (json.JSONDecodeError, RecursionError):
+                errors.append(f"{where}: invalid JSON arguments for {name!r}")
+                continue
+            call = _call_from_obj({"name": name, "arguments": args}, raw, errors, where)
+            if call is not None:
+                calls.append(call)
+        elif channel is None:
+            errors.append(f"{where}: message without a channel")
+            content.append(body)
+        elif channel.group(1) == "analysis":
+            analysis.append(body)
+        else:  # final, or a commentary preamble addressed to the user
+            content.append(body)
+    return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors,
+                       reasoning="\n".join(analysis) if analysis else None)
+
+
 # -- detection --------------------------------------------------------------------------------
+
+_JINJA_COMMENT = re.compile(r"\{#.*?#\}", re.DOTALL)
+
 
 def detect_parser(chat_template: str | None) -> str | None:
     """The parser matching the call format a chat template renders, or None if it renders none.
 
-    Checks the template source for each format's markers, most specific first (Qwen templates
-    mention ``<tool_call>``; Llama 3.1 templates ``"parameters"``; Gemma-style ``tool_code``).
+    Checks the template source, Jinja comments removed, for each format's markers, most specific
+    first: GLM-4.5 and Qwen3.5 templates also write ``<tool_call>``, Cohere's also
+    ``"parameters"``; Llama 3.1 templates ``"parameters"``; Gemma-style ``tool_code``.
     """
-    t = chat_template or ""
+    t = _JINJA_COMMENT.sub("", chat_template or "")
+    if "<|call|>" in t and _H_CHANNEL in t:
+        return "harmony"
+    if "<|START_ACTION|>" in t:
+        return "cohere"
+    if _TOOLCALL_OPEN in t:
+        return "nemotron"
+    if _LFM_OPEN in t or "<|tool_list_start|>" in t:
+        return "lfm2"
+    if "<arg_key>" in t:
+        return "glm45"
+    if _XML_FUNCTION in t:
+        return "xml"
     if "<tool_call>" in t:
         return "hermes"
     if "[TOOL_CALLS]" in t:
