@@ -3,9 +3,9 @@ carries the family's special tokens, one tool conversation, and per-family funct
 the text each template should produce for an assistant turn — written from the family's format,
 independently of the renderer, so the tests compare two separate implementations.
 
-``FAMILIES`` holds the seven the renderer handles today; ``NEW_FAMILIES`` the eleven written from
-real templates whose quirks it must still learn (test_template_fixtures.py checks every Family
-field against its template). Family → quirks → what trajtune must do:
+``FAMILIES`` holds the first seven (test_chat_render.py, test_doctor.py); ``NEW_FAMILIES`` eleven more
+written from real templates (test_families.py; test_template_fixtures.py checks every Family field
+against its template). Family → quirks → what trajtune must do:
 
 ===========  =====================================  ==========================================================
 family       quirks (real template)                 trajtune must
@@ -38,8 +38,9 @@ qwen35       Qwen3.5: XML <function=…><parameter=…> xml parser; the generati
 glm45        GLM-4.5: no end-of-turn string: the    train the next role token as the turn's end (<|observation|>
              next role token ends a turn;           after calls, <|user|> after answers) and append it to the
              <arg_key>/<arg_value> calls            last turn; glm45 parser; split
-lfm2         LFM2: tool list in <|tool_list_start|> write calls into the content as <|tool_call_start|>[f(a=1)]
-             …; tool_calls never read               <|tool_call_end|>; lfm2 parser
+lfm2         LFM2: tool list in <|tool_list_start|> the template drops tool_calls: trajtune writes tools, calls and
+             …; tool_calls never read               results as Hermes text (tool_format auto); the `lfm2` parser
+                                                    reads the model's native <|tool_call_start|>[f(a=1)] form
 nemotron     Llama-3.3-Nemotron: <TOOLCALL>[…];     nemotron parser; reasoning cannot be trained: declare it;
              every turn cut at </think>;            /think, /no_think go in the system prompt
              enable_thinking kwarg ignored
@@ -51,10 +52,10 @@ gemma2       Gemma 1/2: system and tool roles       fold system into the first u
 llama2       Llama 2: tool role refused (strict     fold tool results into user turns; train " </s>"; fallback
              alternation), system folded by the     tools
              template, " </s>", bos on every turn
-deepseek_r1  R1 distill: arguments must be a JSON   arguments as a JSON string; tool list into the system prompt;
-             string; no tool list; the 2nd call     end a call turn at its first eos (an empty assistant message
-             turn loses its markers; generation     follows); refuse conversations with a second call turn
-             prompt opens <think>                   clearly (it cannot be trained)
+deepseek_r1  R1 distill: arguments must be a JSON   refused with the reason: the generation prompt opens <think>
+             string; no tool list; the 2nd call     but rendered turns never contain it (reasoning is cut out),
+             turn loses its markers; generation     so the turn the model writes cannot be recovered
+             prompt opens <think>
 smollm2      SmolLM2 (GGUF): ChatML without tools,  fallback tool format in the system prompt and content
              default system prompt injected
 ===========  =====================================  ==========================================================
@@ -155,8 +156,8 @@ IDEFICS = ("<|im_start|>", "<end_of_utterance>", "<|im_end|>", "<|endoftext|>", 
 HERMES_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 THINK = ("<think>", "</think>")
 
-# Families whose templates the renderer does not handle yet: kept apart from FAMILIES so that the
-# tests parametrized over FAMILIES keep describing what the renderer does today.
+# The families added from real templates (tested in test_families.py); FAMILIES keeps the tests
+# parametrized over the first seven as they were.
 NEW_FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("gpt_oss", HARMONY, HARMONY[0], "<|return|>", "<|endoftext|>", "<|return|>", "harmony", False,
            eot_call="<|call|>", reasoning_field="thinking", one_call_per_turn=True,

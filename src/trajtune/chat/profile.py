@@ -106,7 +106,11 @@ def probe_template(render: Render) -> TemplateProfile:
     # reasoning
     p.reasoning_field = None
     for key in ("reasoning_content", "thinking"):
-        if _has(_safe(render, [msg("user", _U1), msg("assistant", _ANS, **{key: _REASON})]), _REASON, _ANS):
+        answer = _safe(render, [msg("user", _U1), msg("assistant", _ANS, **{key: _REASON})])
+        # (some templates render reasoning only beside a call: Command R7B's <|START_THINKING|>)
+        call = _safe(render, [msg("user", _U1), msg("assistant", "", tool_calls=[probe_call(p.arguments)],
+                                                     **{key: _REASON})], [PROBE_TOOL]) if p.calls_rendered else None
+        if _has(answer, _REASON, _ANS) or _has(call, _REASON, PROBE_TOOL_NAME):
             p.reasoning_field = key
             break
     if p.reasoning_field == "thinking":

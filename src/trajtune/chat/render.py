@@ -11,6 +11,7 @@ masking path and the same token boundaries.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -301,8 +302,8 @@ class ChatRenderer:
     def _fallback_renders(self, fmt: ToolFormat) -> bool:
         tools = [ToolSpec(name="zq_probe_lookup", description="Zq8 looks up a probe value.")]
         call = ToolCall(id="call_000000", name="zq_probe_lookup", arguments={"zq_key": "Zq7-argument"})
-        msgs = [Message(role="user", content="Hi"), Message(role="assistant", tool_calls=[call]),
-                Message(role="tool", tool_call_id=call.id, content="Zq6 tool result")]
+        # (no tool result here: how results reach the template is probed once the format is known)
+        msgs = [Message(role="user", content="Hi"), Message(role="assistant", tool_calls=[call])]
         saved = self.format
         self.format = fmt
         try:
@@ -330,9 +331,10 @@ class ChatRenderer:
     def _end_of_turns(self) -> list[str]:
         """The strings that close an assistant turn: an answer's closer first, then a call's if it differs."""
         given = self.config.end_of_turn
+        self.closer_appended = False
         if given:
             return [given] if isinstance(given, str) else list(given)
-        final = detect_end_of_turn(self._render_raw, self.tok, self._wrap)
+        final, self.closer_appended = detect_end_of_turn(self._render_raw, self.tok, self._wrap)
         eots = [final] if final else []
         if self.format is None and self.profile.calls_rendered:
             user = {"role": "user", "content": self._wrap("Hi")}
@@ -341,7 +343,7 @@ class ChatRenderer:
             result = {"role": "tool" if self.profile.tool_role == "native" else "user",
                       "tool_call_id": PROBE_CALL_ID, "content": self._wrap("Zq6 tool result")}
             call_eot = detect_call_end_of_turn(self._render_raw, self.tok, [user], call_turn, result, [PROBE_TOOL],
-                                               "Zq7-argument")
+                                               "Zq7-argument", appended=self.closer_appended)
             if call_eot and call_eot not in eots:
                 eots.append(call_eot)
         if not eots:
@@ -513,18 +515,60 @@ class ChatRenderer:
                 where,
             )
 
-    def _turn(self, traj: Trajectory, i: int) -> tuple[str, str]:
-        """(generation prompt before message i, policy text of message i through end-of-turn)."""
+    def _turn(self, traj: Trajectory, i: int, reanchor: bool = False) -> tuple[str, str]:
+        """(generation prompt before message i, policy text of message i through end-of-turn).
+
+        Some templates rewrite the history once a turn follows it (GPT-OSS drops the reasoning of
+        earlier turns), so the rendering through turn i does not start with the prompt the model
+        saw. With ``reanchor`` (one sample per turn) the turn is then cut out of that rendering at
+        its own header and put after the real prompt; otherwise that is a ``NonPrefixError``.
+        """
         before, tools = self.template_inputs(traj.messages[:i], traj.tools)
         through, _ = self.template_inputs(traj.messages[: i + 1], traj.tools)
         prompt = self.generation_prompt_text(before, tools)
         full = self.render_text(through, tools, add_generation_prompt=False)
-        if not full.startswith(prompt):
-            # Not fixable by splitting: the turn itself does not extend its own generation prompt
-            # (e.g. the prompt opens a <think> block that the rendered turn strips).
-            self._prefix_check(prompt, full, f"message {i} (assistant turn vs its generation prompt)")
-        policy, _tail = self.split_policy(full[len(prompt):])
-        return prompt, policy
+        if full.startswith(prompt):
+            turn: str | None = full[len(prompt):]
+        else:
+            turn = self._reanchored_turn(before, tools, prompt, full) if reanchor else None
+            if turn is None and reanchor:
+                raise RenderError(
+                    f"trajectory {traj.id!r}, message {i}: the generation prompt ends with "
+                    f"{prompt[-40:]!r}, but the template renders the finished turn without that opening "
+                    f"({full[len(os.path.commonprefix([prompt, full])):][:60]!r}): it cuts part of what the model "
+                    "writes out of every rendered turn (e.g. reasoning after a '<think>' the prompt opens), so the "
+                    "turn the model would really write cannot be recovered from this template. Pass a template "
+                    "that renders the trained turn in full (--template FILE / model.chat_template)")
+            if turn is None:
+                self._prefix_check(prompt, full, f"message {i} (assistant turn vs its generation prompt)")
+        assert turn is not None
+        if self.closer_appended:
+            return prompt, turn + self._closer(traj.messages[i])
+        return prompt, self.split_policy(turn)[0]
+
+    def _closer(self, m: Message) -> str:
+        """For templates that write no closer: the token that ends this kind of turn (a call turn is
+        ended by the tool result's opener, an answer by the user's)."""
+        if m.tool_calls and self.format is None and len(self.eots) > 1:
+            return self.eots[1]
+        return self.eots[0]
+
+    def _reanchored_turn(self, before: list[dict[str, Any]], tools: Any, prompt: str, full: str) -> str | None:
+        """The last turn of ``full`` after its assistant header, or None where it cannot be found.
+
+        The header is what the generation prompt appends; the turn starts at the last header inside
+        the text ``full`` shares with the same history followed by a placeholder answer (so an
+        assistant message holding several headers, GPT-OSS analysis + final, stays whole)."""
+        header = self._generation_header()
+        if not header or not prompt.endswith(header):
+            return None
+        try:
+            ph = self.render_text(before + [{"role": "assistant", "content": self._wrap(_PLACEHOLDER)}], tools, False)
+        except RenderError:
+            return None
+        common = next((k for k, (a, b) in enumerate(zip(full, ph)) if a != b), min(len(full), len(ph)))
+        pos = full.rfind(header, 0, common)
+        return full[pos + len(header):] if pos >= 0 else None
 
     # -- the segments ---------------------------------------------------------------------------
     def segment_texts(self, traj: Trajectory) -> list[tuple[int, str, int]]:
@@ -609,6 +653,11 @@ class ChatRenderer:
         prev, _ = self.template_inputs(history[:n_prev], tools)
         before = self.render_text(prev, t, add_generation_prompt=False)
         after = self.generation_prompt_text(msgs, t)
+        if self.closer_appended:  # the sampled turn already ends with the next message's opener
+            self._prefix_check(before, after, f"message {n_prev} (observation)")
+            rest = after[len(before):]
+            closer = next((e for e in self.eots if rest.startswith(e)), "")
+            return rest[len(closer):]
         cut = self._last_eot_end(before)
         if cut < 0:
             raise RenderError(f"end-of-turn {self.eot!r} not found after assistant message {n_prev - 1}")
@@ -697,7 +746,7 @@ class ChatRenderer:
         policies: dict[int, str] = {}
         seen_text = ""
         for k, i in enumerate(assistant_idx):
-            prompt, policy = self._turn(traj, i)
+            prompt, policy = self._turn(traj, i, reanchor=True)
             policies[i] = policy
             seen_text += prompt + policy
             w = self._turn_weight(traj, i, last_assistant)

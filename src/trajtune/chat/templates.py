@@ -147,7 +147,8 @@ def _common_prefix(a: list[str], b: list[str]) -> list[str]:
     return out
 
 
-def closing_token(final_run: list[str], next_run: list[str]) -> str | None:
+def closing_token(final_run: list[str], next_run: list[str],
+                  stops: set[str] = frozenset()) -> tuple[str | None, bool]:
     """The string that closes a turn, from the special tokens after it when the conversation ends there
     (``final_run``) and when another message follows (``next_run``).
 
@@ -156,16 +157,35 @@ def closing_token(final_run: list[str], next_run: list[str]) -> str | None:
     stop token that comes after an end-of-response marker (Cohere's ``<|END_RESPONSE|>
     <|END_OF_TURN_TOKEN|>``: the stop token is the second). Where the runs share nothing (GPT-OSS
     ends the last answer with ``<|return|>`` but earlier ones with ``<|end|>``) the first token of
-    the final run closes the turn being generated.
+    the final run closes the turn being generated. Where the shared run goes on past the model's
+    stop token (``stops``: Command R7B appends the next chatbot header even to a finished
+    conversation), the last stop token in it closes the turn.
+
+    Returns ``(closer, appended)``. ``appended`` is True for templates that write no closer at
+    all and let the next message's role token end the turn (GLM-4.5: ``<|user|>``,
+    ``<|observation|>``): the model generates that token to stop, so the renderer trains it and
+    appends it to a turn that ends the conversation.
     """
     common = _common_prefix(final_run, next_run)
     if common:
-        return common[-1]
-    return final_run[0] if final_run else None
+        at_stop = [s for s in common if s in stops]
+        return (at_stop[-1] if at_stop else common[-1]), False
+    if final_run:
+        return final_run[0], False
+    return (next_run[0], True) if next_run else (None, False)
 
 
-def detect_end_of_turn(render: Any, tokenizer: Any, wrap: Any = None) -> str | None:
-    """The special token that closes an assistant answer, or None.
+def stop_strings(tokenizer: Any) -> set[str]:
+    """The strings the model itself stops on: its eos token(s), as far as the tokenizer tells."""
+    out = {getattr(tokenizer, "eos_token", None)}
+    extra = getattr(tokenizer, "init_kwargs", {}) or {}
+    out |= {extra.get("eos_token")} if isinstance(extra.get("eos_token"), str) else set()
+    return {s for s in out if isinstance(s, str) and s}
+
+
+def detect_end_of_turn(render: Any, tokenizer: Any, wrap: Any = None) -> tuple[str | None, bool]:
+    """The special token that closes an assistant answer (or None), and whether the template leaves
+    it out after the last turn (see ``closing_token``).
 
     Why not just ``eos_token``: Gemma closes turns with ``<end_of_turn>`` (eos is ``<eos>``), Phi-3
     with ``<|end|>``, Llama-3 base tokenizers with ``<|eot_id|>`` (eos ``<|end_of_text|>``). Training
@@ -179,21 +199,24 @@ def detect_end_of_turn(render: Any, tokenizer: Any, wrap: Any = None) -> str | N
         more = render([{"role": "user", "content": w("Hi")}, {"role": "assistant", "content": w(_PROBE)},
                        {"role": "user", "content": w("Again")}], None, False)
     except Exception:
-        return None
+        return None, False
     i, j = last.rfind(_PROBE), more.find(_PROBE)
     if i < 0 or j < 0:
-        return None
-    return closing_token(_run_after(last, i + len(_PROBE), specials), _run_after(more, j + len(_PROBE), specials))
+        return None, False
+    return closing_token(_run_after(last, i + len(_PROBE), specials), _run_after(more, j + len(_PROBE), specials),
+                         stop_strings(tokenizer))
 
 
 def detect_call_end_of_turn(render: Any, tokenizer: Any, prompt: list[dict[str, Any]], call_turn: dict[str, Any],
-                            result: dict[str, Any], tools: Any, marker: str) -> str | None:
+                            result: dict[str, Any], tools: Any, marker: str, appended: bool = False) -> str | None:
     """The special token that closes an assistant turn holding a tool call, or None if the template
     writes none of its own there. GPT-OSS closes calls with ``<|call|>`` and answers with ``<|return|>``.
 
     ``marker`` is a string inside the call (an argument value): the text from it to the end of the
     turn locates the same place in the rendering that continues with the tool result, even where
     the template rewrites the turn once it is no longer the last (Qwen3 drops its ``<think>``).
+    With ``appended`` (the answer turn has no closer of its own) the closer is the first token
+    that only the continued rendering has: the opener of the tool result.
     """
     specials = special_strings(tokenizer)
     try:
@@ -208,7 +231,10 @@ def detect_call_end_of_turn(render: Any, tokenizer: Any, prompt: list[dict[str, 
     anchor = last[at:start]
     found = more.find(anchor)
     next_run = _run_after(more, found + len(anchor), specials) if found >= 0 else []
-    return closing_token(final_run, next_run)
+    if appended:
+        shared = _common_prefix(final_run, next_run)
+        return next_run[len(shared)] if len(next_run) > len(shared) else None
+    return closing_token(final_run, next_run, stop_strings(tokenizer))[0]
 
 
 def inline_reasoning(reasoning: str, content: str) -> str:
