@@ -7,8 +7,8 @@ therefore converts once: load through transformers, move the dequantised float32
 clean model of the same config, save it with the tokenizer (and the GGUF's chat template), and
 load that directory from then on like any other.
 
-The cache is keyed by the SHA-256 of the file's content, not its path or mtime, so a renamed copy
-hits and a changed file misses. A conversion writes into a temporary directory beside the target
+The cache is keyed by the SHA-256 of the file's content (the file's name only makes the directory
+readable), not by its folder or mtime, so a copy elsewhere hits and a changed file misses. A conversion writes into a temporary directory beside the target
 and renames it into place, so a killed conversion leaves only a temporary directory, which is never
 taken for a result and is removed by a later conversion once its process is gone.
 """
@@ -160,7 +160,7 @@ def _convert_into(src: Path, out: Path) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     folder, name = str(src.parent), src.name
-    hf_logging.disable_progress_bar()  # three transformers bars per conversion; the caller says what happens
+    hf_logging.disable_progress_bar()  # the loading and saving bars; the de-quantizing bar (raw tqdm) stays
     try:
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

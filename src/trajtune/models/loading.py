@@ -51,22 +51,11 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     return tok
 
 
-def _from_pretrained(src: Any, torch_dtype: Any) -> Any:
-    """Load ``src.path`` and name the model by ``src.reference``: PEFT records that name as the adapter's
-    base, so an adapter trained on an alias or a GGUF points at the alias or file, not at a cache dir."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
-    if src.reference != src.path:
-        model.config.name_or_path = src.reference
-        model.name_or_path = src.reference
-    return model
-
-
 def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str = "auto",
                trainable: bool = True) -> Any:
     """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     src = resolve_model(name_or_path)
     _quiet_transformers()
@@ -81,12 +70,12 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
             if not base_name:
                 raise ModelLoadError(f"{adapter_cfg}: base_model_name_or_path is empty, so the adapter's base "
                                      "model is unknown; set it to the base model's alias, path or hub id")
-            model = _from_pretrained(resolve_model(base_name), torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(resolve_model(base_name).path, dtype=torch_dtype)
             model = PeftModel.from_pretrained(model, src.path, is_trainable=trainable and lora is None)
             if lora is not None:
                 model = model.merge_and_unload()
         else:
-            model = _from_pretrained(src, torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
     except OSError as e:
         raise ModelLoadError(f"could not load a model from {name_or_path!r}: {e}") from None
     if lora is not None:

@@ -8,27 +8,31 @@ is not an alias is never passed on to the hub, where it would fail later with a 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.gguf import alias_gguf, convert_gguf
-from trajtune.models.registry import ALIASES, get_alias, require_parts
+from trajtune.models.gguf import alias_gguf, cache_root, cached_dir, convert_gguf, is_complete
+from trajtune.models.registry import ALIASES, ModelAlias, get_alias, require_parts
+
+_HF_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json")  # a tokenizer-only dir serves doctor
+_CONVERTED = re.compile(r".+-[0-9a-f]{16}")  # cache dir name: <gguf stem>-<sha256 prefix>
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """``path`` is what ``from_pretrained`` loads; ``reference`` is what to record so it resolves again.
+    """``path`` is what ``from_pretrained`` loads: for an alias or a GGUF file, its cached HF directory.
 
-    For an alias the reference is the alias and for a GGUF file its absolute path, never the cache
-    directory: the cache is derived data (deletable, different per machine and per $TRAJTUNE_CACHE)
-    and is rebuilt from the reference on demand.
+    A model loaded from there is named by that directory, so a LoRA adapter trained on it records the
+    directory as its base: plain PEFT can load it, and PEFT's save-time check of the base vocabulary
+    reads the local config.json instead of asking the hub about an alias. The directory still resolves
+    when the cache was wiped or the adapter moved to another machine: see ``_converted_elsewhere``.
     """
 
     path: str
-    reference: str
     kind: Literal["alias", "gguf", "dir", "hub"]
 
 
@@ -38,11 +42,13 @@ def _notify(message: str) -> None:
     console.print(message, highlight=False, soft_wrap=True)
 
 
-_HF_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json")  # a tokenizer-only dir serves doctor
-
-
 def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1
+
+
+def _from_alias(alias: ModelAlias, notify: Callable[[str], None] | None) -> ResolvedModel:
+    path = alias_gguf(alias, require_parts(alias))
+    return ResolvedModel(str(convert_gguf(path, alias=alias.name, notify=notify)), "alias")
 
 
 def resolve_model(name: str, *, notify: Callable[[str], None] | None = _notify) -> ResolvedModel:
@@ -50,24 +56,41 @@ def resolve_model(name: str, *, notify: Callable[[str], None] | None = _notify) 
     if not name or not name.strip():
         raise ModelLoadError("empty model name; pass an alias, a .gguf file, a directory or a hub id")
     if name in ALIASES:
-        alias = ALIASES[name]
-        path = alias_gguf(alias, require_parts(alias))
-        return ResolvedModel(str(convert_gguf(path, alias=name, notify=notify)), name, "alias")
+        return _from_alias(ALIASES[name], notify)
     p = Path(name).expanduser()
     if name.lower().endswith(".gguf"):
-        return ResolvedModel(str(convert_gguf(p, notify=notify)), str(p.resolve()), "gguf")
+        return ResolvedModel(str(convert_gguf(p, notify=notify)), "gguf")
     if p.is_dir():
         if not any((p / f).exists() for f in _HF_FILES):
             raise ModelLoadError(f"{name!r} is a directory without config.json, adapter_config.json or "
                                  "tokenizer_config.json: not a saved Hugging Face model")
-        return ResolvedModel(str(p), name, "dir")
+        return ResolvedModel(str(p), "dir")
     if p.exists():
         raise ModelLoadError(f"{name!r} is a file, not a model: pass a .gguf file or a saved Hugging Face directory")
+    if p.parent.name == "models" and _CONVERTED.fullmatch(p.name):
+        return _converted_elsewhere(p, notify)
     if _looks_local(name):
         raise ModelLoadError(f"model path {name!r} does not exist")
     if "/" not in name:
         get_alias(name)  # raises: an unknown alias
-    return ResolvedModel(name, name, "hub")
+    return ResolvedModel(name, "hub")
+
+
+def _converted_elsewhere(p: Path, notify: Callable[[str], None] | None) -> ResolvedModel:
+    """A missing GGUF conversion dir, recorded under another cache (wiped, another machine or $TRAJTUNE_CACHE).
+
+    Its name is the GGUF's stem and content hash, so the same conversion in this cache has the same
+    name, and an alias whose pinned file has that hash can be converted again.
+    """
+    local = cache_root() / "models" / p.name
+    if is_complete(local):
+        return ResolvedModel(str(local), "gguf")
+    for alias in ALIASES.values():
+        if cached_dir(alias.filename, alias.sha256).name == p.name:
+            return _from_alias(alias, notify)
+    raise ModelLoadError(f"model path {str(p)!r} does not exist; it looks like a trajtune conversion of a GGUF file "
+                         f"that is not in this cache ({cache_root()}): run `trajtune models prepare FILE.gguf` with "
+                         "the file it came from")
 
 
 def _dir_bytes(path: Path) -> int:
@@ -79,7 +102,7 @@ def list_models() -> list[dict[str, object]]:
 
     An alias's cache directory follows from its pinned SHA-256, so listing hashes nothing.
     """
-    from trajtune.models.gguf import assembled_path, cache_root, cached_dir, is_complete, read_provenance
+    from trajtune.models.gguf import assembled_path, read_provenance
     from trajtune.models.registry import part_paths
 
     rows: list[dict[str, object]] = []
