@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,13 @@ def test_missing_gguf_package_names_the_package_and_the_fix(tiny, monkeypatch):
     assert "trajtune[real]" in _one_line_error(["models", "prepare", str(path)])
 
 
+def test_unwritable_cache_is_a_one_line_error(tiny, tmp_path, monkeypatch):
+    path, _, _ = tiny
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TRAJTUNE_CACHE", str(tmp_path / "a-file"))
+    assert "set TRAJTUNE_CACHE to a writable directory" in _one_line_error(["models", "prepare", str(path)])
+
+
 def test_unknown_alias_lists_the_known_ones():
     for name in ("smollm2", "gpt2"):
         with pytest.raises(ModelLoadError, match=f"unknown model '{name}'.*smollm2-135m"):
@@ -400,8 +408,10 @@ def test_smollm2_converts_once_and_keeps_the_gguf_logits(monkeypatch):
 
     r = runner.invoke(app, ["models", "prepare", "smollm2-135m"])
     assert r.exit_code == 0, r.output
-    out = Path(r.output.strip().splitlines()[-1].split(": ", 1)[1])
-    assert r.output.strip().splitlines()[-1].startswith("prepared: ") and gg.is_complete(out)
+    found = re.search(r"(already )?prepared: (\S+)", r.output)  # stderr's progress bar may share the line
+    assert found and not found.group(1), r.output
+    out = Path(found.group(2))
+    assert gg.is_complete(out) and gg.read_provenance(out)["alias"] == "smollm2-135m"
     gguf_path = part_paths(SMOLLM2_135M)[0]
     with monkeypatch.context() as m:
         _no_conversion(m)

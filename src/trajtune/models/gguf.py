@@ -106,15 +106,25 @@ def convert_gguf(path: str | os.PathLike[str], *, alias: str | None = None,
     if is_complete(target):
         return target
     require_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(target)
-    if is_complete(target):  # another process finished meanwhile
-        return target
-    if target.exists():  # not made by a conversion (those appear complete, by rename): never reuse it
-        shutil.rmtree(target)
     if notify is not None:
         notify(f"converting {src.name} ({human_size(src.stat().st_size)}) into a Hugging Face directory in "
                f"{target.parent}; this happens once per file (about 40 s per 100 MB on CPU)")
+    try:
+        _convert_atomically(src, sha, target, alias)
+    except OSError as e:  # an unwritable cache or a full disk: the user's to fix
+        raise ModelLoadError(f"cannot write the converted model into {target.parent}: {e.strerror or e}; free "
+                             "disk space or set TRAJTUNE_CACHE to a writable directory") from None
+    return target
+
+
+def _convert_atomically(src: Path, sha: str, target: Path, alias: str | None) -> None:
+    """Convert into a temporary sibling of ``target`` and rename it into place when complete."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(target)
+    if is_complete(target):  # another process finished meanwhile
+        return
+    if target.exists():  # not made by a conversion (those appear complete, by rename): never reuse it
+        shutil.rmtree(target)
     tmp = target.parent / f".{target.name}{_TMP}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         started = time.time()
@@ -127,7 +137,6 @@ def convert_gguf(path: str | os.PathLike[str], *, alias: str | None = None,
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def remove_stale_temps(target: Path) -> list[Path]:
@@ -218,7 +227,11 @@ def alias_gguf(alias: ModelAlias, parts: list[Path]) -> Path:
     """
     path = parts[0] if len(parts) == 1 else assembled_path(alias)
     if len(parts) > 1 and not (path.is_file() and sha256_file(path) == alias.sha256):
-        _assemble(parts, path)
+        try:
+            _assemble(parts, path)
+        except OSError as e:
+            raise ModelLoadError(f"cannot assemble {alias.name!r} into {path.parent}: {e.strerror or e}; free disk "
+                                 "space or set TRAJTUNE_CACHE to a writable directory") from None
     check_gguf_file(path)
     sha = sha256_file(path)
     if sha != alias.sha256:
