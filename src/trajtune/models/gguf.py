@@ -8,9 +8,11 @@ clean model of the same config, save it with the tokenizer (and the GGUF's chat 
 load that directory from then on like any other.
 
 The cache is keyed by the SHA-256 of the file's content (the file's name only makes the directory
-readable), not by its folder or mtime, so a copy elsewhere hits and a changed file misses. A conversion writes into a temporary directory beside the target
-and renames it into place, so a killed conversion leaves only a temporary directory, which is never
-taken for a result and is removed by a later conversion once its process is gone.
+readable), not by its folder or mtime, so a copy elsewhere hits and a changed file misses. A
+conversion writes into a temporary directory beside the target and renames it into place, so a
+killed conversion leaves only a temporary directory, which is never taken for a result and is
+removed by a later conversion once its process is gone. The weights stay float32 (what
+dequantisation gives); ``model.dtype`` casts them at load time when a run asks for less.
 """
 
 from __future__ import annotations
