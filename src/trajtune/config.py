@@ -24,7 +24,8 @@ class _C(BaseModel):
 
 
 class ModelSpec(_C):
-    name_or_path: str
+    name_or_path: str = Field(description="model alias (trajtune models list), .gguf file, saved Hugging Face "
+                                          "directory or LoRA adapter, or hub id org/name")
     lora: LoraConfig | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     chat_template: str | None = Field(None, description="path to a Jinja chat template overriding the tokenizer's")

@@ -246,7 +246,7 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
 def stats(
     input: Path = typer.Argument(..., help="Input JSONL file."),
     format: Optional[str] = FromOpt,
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenizer path (local) for token lengths."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenizer for token lengths: a model alias, .gguf file or local path."),
     skip_invalid: bool = typer.Option(True, "--skip-invalid/--no-skip-invalid", help="Count invalid records instead of stopping."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     top: int = typer.Option(20, "--top", help="Tools shown in the usage histogram."),
@@ -262,10 +262,15 @@ def stats(
         if not input.is_file():
             _fail(f"{input}: no such file", 2)
         if model:
+            from trajtune.models.errors import ModelLoadError
+            from trajtune.models.resolve import resolve_model
+
             try:
                 from transformers import AutoTokenizer
 
-                tok = AutoTokenizer.from_pretrained(model)
+                tok = AutoTokenizer.from_pretrained(resolve_model(model).path)
+            except ModelLoadError as e:  # says its own fix
+                _fail(f"could not load tokenizer {model!r}: {e}")
             except Exception as e:  # missing/invalid tokenizer is a user error
                 _fail(f"could not load tokenizer {model!r}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
         ls = LoadStats()

@@ -11,7 +11,7 @@ from trajtune.chat.parsers import available_parsers
 
 
 def doctor_cmd(
-    model: str = typer.Option(..., "--model", help="Hugging Face model id or local directory with a tokenizer."),
+    model: str = typer.Option(..., "--model", help="Model alias (see `trajtune models list`), .gguf file, Hugging Face id or local directory with a tokenizer."),
     template: Optional[Path] = typer.Option(None, "--template", help="Jinja chat template file to use instead of "
                                             "the tokenizer's own."),
     parser: Optional[str] = typer.Option(None, "--parser", help="Tool-call parser (default: detected from the "
@@ -59,10 +59,16 @@ def doctor_cmd(
         except OSError as e:
             typer.echo(f"error: cannot read --template {template}: {e.strerror or e}", err=True)
             raise typer.Exit(2)
+    from trajtune.models.errors import ModelLoadError
+    from trajtune.models.resolve import resolve_model
+
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(model)
+        tok = AutoTokenizer.from_pretrained(resolve_model(model).path)
+    except ModelLoadError as e:  # unknown alias, missing or corrupt GGUF, missing package: says its own fix
+        typer.echo(f"error: cannot load a tokenizer from --model {model!r}: {e}", err=True)
+        raise typer.Exit(2)
     except Exception as e:  # missing path, no network, not a tokenizer: a user error, not a traceback
         typer.echo(f"error: cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e}\n"
                    "hint: pass a local directory containing tokenizer.json / tokenizer_config.json, "

@@ -38,7 +38,7 @@ def render_overrides(items: list[str] | None) -> dict[str, Any]:
 
 
 def eval_(
-    model: Annotated[str, typer.Option("--model", "-m", help="HF id or local path (a full model or a LoRA adapter dir).")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir).")],
     env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")] = None,
     benchmark: Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark: bfcl or textworld.")] = None,
     categories: Annotated[Optional[str], typer.Option(

@@ -10,6 +10,7 @@ from trajtune.cli.data import data_app
 from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
+from trajtune.cli.models import models_app
 
 app = typer.Typer(
     name="trajtune",
@@ -40,6 +41,7 @@ data_app.command("generate")(generate)
 app.add_typer(data_app, name="data",
               help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
 app.add_typer(envs_app, name="envs")
+app.add_typer(models_app, name="models")
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
-"""Loading models and tokenizers by hub id or local path, with optional LoRA (PEFT).
+"""Loading models and tokenizers by alias, GGUF file, hub id or local path, with optional LoRA (PEFT).
 
-One code path for everything: the tiny local model and ``Qwen/Qwen2.5-0.5B-Instruct`` both go
-through ``from_pretrained``. A directory holding a PEFT adapter loads its base model and the
-adapter on top.
+One code path for everything: the tiny local model, ``smollm2-135m`` and
+``Qwen/Qwen2.5-0.5B-Instruct`` all go through ``resolve_model`` and then ``from_pretrained``. A
+directory holding a PEFT adapter loads its base model (itself resolved, so an alias or a GGUF works)
+and the adapter on top.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from trajtune.models.errors import ModelLoadError
+from trajtune.models.resolve import resolve_model
+
+__all__ = ["LoraConfig", "ModelLoadError", "load_model", "load_tokenizer", "resolve_model"]
+
 
 class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,10 +28,6 @@ class LoraConfig(BaseModel):
     target_modules: list[str] | str = "all-linear"
 
 
-class ModelLoadError(ValueError):
-    pass
-
-
 def _quiet_transformers() -> None:
     """trajtune draws its own progress bars; transformers' per-load bars would interleave with them."""
     from transformers.utils import logging as hf_logging
@@ -33,25 +35,12 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _looks_local(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or Path(name).expanduser().exists() or name.count("/") > 1
-
-
-def _check_source(name_or_path: str) -> None:
-    p = Path(name_or_path).expanduser()
-    if _looks_local(name_or_path) and not p.exists():
-        raise ModelLoadError(f"model path {name_or_path!r} does not exist")
-    if p.is_dir() and not ((p / "config.json").exists() or (p / "adapter_config.json").exists()):
-        raise ModelLoadError(f"{name_or_path!r} is a directory without config.json or adapter_config.json: "
-                             "not a saved Hugging Face model")
-
-
 def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
-    _check_source(name_or_path)
+    path = resolve_model(name_or_path).path
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path)
+        tok = AutoTokenizer.from_pretrained(path)
     except OSError as e:
         raise ModelLoadError(f"could not load a tokenizer from {name_or_path!r}: {e}") from None
     if chat_template is not None:
@@ -68,22 +57,25 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
     import torch
     from transformers import AutoModelForCausalLM
 
-    _check_source(name_or_path)
+    src = resolve_model(name_or_path)
     _quiet_transformers()
     torch_dtype: Any = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
                         "float16": torch.float16}[dtype]
-    adapter_cfg = Path(name_or_path).expanduser() / "adapter_config.json"
+    adapter_cfg = Path(src.path) / "adapter_config.json"
     try:
-        if adapter_cfg.exists():
+        if src.kind == "dir" and adapter_cfg.exists():
             from peft import PeftModel
 
-            base = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
-            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
-            model = PeftModel.from_pretrained(model, name_or_path, is_trainable=trainable and lora is None)
+            base_name = json.loads(adapter_cfg.read_text()).get("base_model_name_or_path")
+            if not base_name:
+                raise ModelLoadError(f"{adapter_cfg}: base_model_name_or_path is empty, so the adapter's base "
+                                     "model is unknown; set it to the base model's alias, path or hub id")
+            model = AutoModelForCausalLM.from_pretrained(resolve_model(base_name).path, dtype=torch_dtype)
+            model = PeftModel.from_pretrained(model, src.path, is_trainable=trainable and lora is None)
             if lora is not None:
                 model = model.merge_and_unload()
         else:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
     except OSError as e:
         raise ModelLoadError(f"could not load a model from {name_or_path!r}: {e}") from None
     if lora is not None:

@@ -1,0 +1,7 @@
+"""The error a user can fix when naming a model: one class, so every command reports it the same way."""
+
+from __future__ import annotations
+
+
+class ModelLoadError(ValueError):
+    """A model name, path or file that cannot be loaded; the message says why and how to fix it."""
