@@ -260,3 +260,12 @@ def test_generate_writes_valid_ir_for_both_shapes(tmp_path):
 def test_envs_show_documents_fncall():
     r = runner.invoke(app, ["envs", "show", "fncall"])
     assert r.exit_code == 0 and "single_turn" in r.output and "success=True" in r.output, r.output
+
+
+def test_system_prompt_can_be_left_out_like_single_turn_benchmarks():
+    env = make_env("fncall", single_turn=True, system_prompt=False)
+    task = env.tasks("train", 1, seed=3)[0]
+    traj = env.expert(task)
+    assert [m.role for m in traj.messages] == ["user", "assistant"]
+    with_system = make_env("fncall", single_turn=True).expert(task)
+    assert with_system.messages[0].role == "system" and with_system.messages[1:] == traj.messages

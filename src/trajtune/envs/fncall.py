@@ -65,6 +65,8 @@ class FncallOptions(BaseModel):
                                description="Chance that each distractor comes from the target's domain.")
     holdout: Literal["none", "functions", "domains"] = Field(
         "none", description="Keep some functions (or whole domains) for test tasks only.")
+    system_prompt: bool = Field(True, description="Open with a system instruction (false: the user's request "
+                                "and the tools only, as single-turn function-calling benchmarks prompt).")
 
     @model_validator(mode="after")
     def _range(self) -> FncallOptions:
@@ -248,8 +250,8 @@ class FncallEnv(Environment):
     def reset(self, task: Task) -> ResetResult:
         self.task, self.verdict, self.answered = task, None, False
         d = task.data
-        return ResetResult(messages=[Message(role="system", content=d["system"], origin="system"),
-                                     Message(role="user", content=d["prompt"], origin="user")],
+        system = [Message(role="system", content=d["system"], origin="system")] if self.options.system_prompt else []
+        return ResetResult(messages=system + [Message(role="user", content=d["prompt"], origin="user")],
                            tools=[ToolSpec(**t) for t in d["tools"]])
 
     @property
