@@ -224,8 +224,9 @@ def test_unknown_isolation_is_a_clear_error():
 
 
 def test_policy_hook_reads_no_globals_and_holds_no_closures():
-    # What lets user code switch the hook off is state it can reach: globals, closure cells,
-    # builtins. The hook's functions take everything as bound defaults instead.
+    # What lets user code switch the hook off is state it can reach and change: globals, closure
+    # cells, builtins, keyword-only defaults (a dict). The hook's functions take everything as
+    # positional defaults (a tuple) instead.
     consts, stack = {}, [compile(sandbox._CHILD_PROGRAM, "<child>", "exec")]
     while stack:
         co = stack.pop()
@@ -239,7 +240,8 @@ def test_policy_hook_reads_no_globals_and_holds_no_closures():
     for name in names:
         ops = {i.opname for i in dis.get_instructions(consts[name])}
         assert not ops & {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_CLASSDEREF", "STORE_GLOBAL"}, name
-        assert consts[name].co_freevars == () and not any(isinstance(c, types.CodeType) for c in consts[name].co_consts)
+        assert consts[name].co_freevars == () and consts[name].co_kwonlyargcount == 0, name
+        assert not any(isinstance(c, types.CodeType) for c in consts[name].co_consts), name
 
 
 # --- the attack matrix, as whoever runs the tests (root in CI) -----------------------------------------

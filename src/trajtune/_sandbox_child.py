@@ -2,15 +2,17 @@
 
 The parent runs this file's text with ``python -I -c``, so it uses the standard library only and
 never imports trajtune. It reads one JSON header line from stdin (report fd, token, rlimits,
-mode, the exit status that means "report channel lost"), then the user code; applies the rlimits; installs the policy hook; and runs the code as a
-fresh ``__main__`` module that holds nothing of the sandbox's.
+mode, the exit status that means "report channel lost"), then the user code; applies the
+rlimits; installs the policy hook; and runs the code as a fresh ``__main__`` module that holds
+nothing of the sandbox's.
 
 How the hook is kept out of reach of the code it polices:
 
 - It is built inside ``install_hook`` and referenced from nowhere except the interpreter's own
   hook list: no module, global or builtin names it.
-- Everything it uses is bound as keyword defaults when it is built: strings, tuples, frozensets
-  and C functions. It looks up no globals and no builtins (a test checks the bytecode), so
+- Everything it uses is bound as positional defaults when it is built (kept in a tuple; keyword-only
+  defaults would sit in a dict that can be changed in place): strings, tuples, frozensets and C
+  functions. It looks up no globals and no builtins (a test checks the bytecode), so
   patching ``os``, ``os.path``, ``builtins`` or this module's globals changes nothing it does.
   It never calls code the user wrote: it only reads path arguments that are exact ``str`` or
   ``bytes`` and resolves them itself with ``posix.lstat``/``readlink``.
@@ -69,7 +71,7 @@ def lexical(path, base):
     return "/" + "/".join(parts)
 
 
-def resolve(path, base, *, lstat=posix.lstat, readlink=posix.readlink, islink=_stat.S_ISLNK, OSError=OSError):
+def resolve(path, base, lstat=posix.lstat, readlink=posix.readlink, islink=_stat.S_ISLNK, OSError=OSError):
     """The path the kernel reaches now (symlinks followed), or None when that cannot be known.
 
     Like ``os.path.realpath`` but using only C functions, and returning None (the caller then
@@ -121,7 +123,7 @@ def inside(path, dirs):
     return False
 
 
-def path_text(x, *, type=type, str=str, bytes=bytes):
+def path_text(x, type=type, str=str, bytes=bytes):
     """A path argument as str when it is exact ``str``/``bytes`` (never calls user code), else None."""
     if type(x) is str:
         return x
@@ -130,8 +132,8 @@ def path_text(x, *, type=type, str=str, bytes=bytes):
     return None
 
 
-def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
-    """Build the policy hook with its state bound as defaults, install it, and forget it."""
+def install_hook(fd, token, mode, lost_exit, sys, gc, os_module):
+    """Build the policy hook with its state bound as positional defaults, install it, and forget it."""
     st = posix.fstat(fd)
     ident = (st.st_dev, st.st_ino)
     work = (resolve(posix.getcwd(), "/"),)
@@ -144,7 +146,7 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
     roots = tuple(roots)
     confined = mode == "namespaces"
 
-    def base_dir(dir_fd, *, getcwd=posix.getcwd, readlink=posix.readlink, type=type, int=int, OSError=OSError):
+    def base_dir(dir_fd, getcwd=posix.getcwd, readlink=posix.readlink, type=type, int=int, OSError=OSError):
         """The directory a relative path is resolved from: the cwd, or the directory ``dir_fd`` names."""
         try:
             if type(dir_fd) is int and dir_fd >= 0:  # audit events pass -1 for "no dir_fd"
@@ -153,7 +155,7 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
         except OSError:
             return None
 
-    def writable(path, base, *, work=work, lexical=lexical, resolve=resolve, inside=inside):
+    def writable(path, base, work=work, lexical=lexical, resolve=resolve, inside=inside):
         """None if writing ``path`` stays in the working directory, else a refusal.
 
         Both the lexical and the resolved path must be inside: with symlink targets confined to
@@ -167,14 +169,14 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
             return ("filesystem_write", real or path)
         return None
 
-    def readable(path, base, *, work=work, roots=roots, resolve=resolve, inside=inside):
+    def readable(path, base, work=work, roots=roots, resolve=resolve, inside=inside):
         """None if ``path`` may be read: it resolves inside the working directory or the import path."""
         real = None if base is None else resolve(path, base)
         if real is None or not (inside(real, work) or inside(real, roots)):
             return ("filesystem_read", real or path)
         return None
 
-    def check_open(args, *, path_text=path_text, base_dir=base_dir, writable=writable, readable=readable,
+    def check_open(args, path_text=path_text, base_dir=base_dir, writable=writable, readable=readable,
                    resolve=resolve, inside=inside, work=work, stat=posix.stat, isdir=_stat.S_ISDIR, type=type,
                    str=str, int=int, W=_WRITE_FLAGS, OSError=OSError):
         path, mode, flags = args[0], args[1], args[2]
@@ -200,7 +202,7 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
                 pass
         return verdict
 
-    def fs_change(event, args, *, table=_FS_CHANGES, path_text=path_text, base_dir=base_dir, writable=writable,
+    def fs_change(event, args, table=_FS_CHANGES, path_text=path_text, base_dir=base_dir, writable=writable,
                   type=type, int=int, len=len):
         """Refuse changes outside the working directory, and symlinks that could point out of it."""
         for name, positions in table:
@@ -222,7 +224,7 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
             return None
         return None
 
-    def check(event, args, ours, *, fs_change=fs_change, check_open=check_open, readable=readable,
+    def check(event, args, ours, fs_change=fs_change, check_open=check_open, readable=readable,
               writable=writable, base_dir=base_dir, text=path_text, type=type, int=int, len=len,
               getpid=posix.getpid, confined=confined, PROCESS=_PROCESS, SIGNAL=_SIGNAL, NETWORK=_NETWORK,
               INTROSPECTION=_INTROSPECTION, NATIVE_MODULES=_NATIVE_MODULES, NATIVE_EVENTS=_NATIVE_EVENTS,
@@ -280,7 +282,7 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
             return writable(db, base_dir(None))
         return None
 
-    def emit(kind, event, detail, *, fd=fd, ident=ident, token=token, fstat=posix.fstat, write=posix.write,
+    def emit(kind, event, detail, fd=fd, ident=ident, token=token, fstat=posix.fstat, write=posix.write,
              exit=posix._exit, lost=lost_exit, OSError=OSError):
         """Write one authenticated record to the report channel; end the process if it is gone."""
         fields = record = None
@@ -304,7 +306,7 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
         finally:
             del fd, ident, token, write, fields, record
 
-    def hook(event, args, *, check=check, emit=emit, ours=None, isenabled=gc.isenabled, disable=gc.disable,
+    def hook(event, args, check=check, emit=emit, ours=None, isenabled=gc.isenabled, disable=gc.disable,
              enable=gc.enable, PermissionError=PermissionError, ImportError=ImportError,
              BaseException=BaseException):
         was = isenabled()
@@ -326,7 +328,9 @@ def install_hook(fd, token, mode, lost_exit, *, sys, gc, os_module):
             raise (ImportError if event == "import" else PermissionError)(message)
 
     ours = (lexical, resolve, inside, path_text, base_dir, writable, readable, check_open, fs_change, check, emit, hook)
-    hook.__kwdefaults__ = {**hook.__kwdefaults__, "ours": ours}
+    defaults = list(hook.__defaults__)
+    defaults[hook.__code__.co_varnames.index("ours") - 2] = ours
+    hook.__defaults__ = tuple(defaults)
     sys.addaudithook(hook)
     _replace_unseen_node_makers(sys.audit, os_module)
 
@@ -381,7 +385,7 @@ def main():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-size write fails with EFBIG instead of killing
     sys.dont_write_bytecode = True  # importing must not try to write .pyc files outside the working directory
     if header["hook"]:
-        install_hook(header["fd"], header["token"], header["mode"], header["lost_exit"], sys=sys, gc=gc, os_module=os)
+        install_hook(header["fd"], header["token"], header["mode"], header["lost_exit"], sys, gc, os)
     else:
         os.close(header["fd"])
     del header
