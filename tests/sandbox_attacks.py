@@ -453,7 +453,9 @@ def assert_contained(name: str, mode: str, hook: bool, obs: dict[str, Any]) -> N
     if mode == "namespaces":
         assert {"mount_ns", "pid_ns", "net_ns"} <= set(obs["layers"]), where
     if hook:
-        assert obs["status"] == "violation", where
+        # every attack catches its refusals and exits 0: "ok" with the refusals listed, except that
+        # tampering with the report channel always makes the headline "violation"
+        assert obs["status"] == ("violation" if "report_channel" in KINDS[name] else "ok"), where
         assert KINDS[name] <= set(obs["kinds"]), where
         assert "forged_kind" not in obs["kinds"] and "policy_error" not in obs["kinds"], where
         if name not in ENDS_EARLY:

@@ -31,23 +31,25 @@ Process layers, always on:
 Policy layer (``audit_hook``): an audit hook in the child, installed before the user code is
 compiled, refuses process creation, signals to other processes, native code (ctypes), sockets,
 reading outside the working directory and the import path, writing outside the working
-directory, and symlinks that could point out of it. Each refusal raises in the child and is
-reported to the parent, so the result says *what* was attempted. User code cannot reach the hook
-to switch it off (see ``trajtune._sandbox_child``). Reports carry a per-run token, so lines the
-code writes to the report channel itself are flagged as forged, never taken as real; if the code
-closes or replaces the channel, the next refusal ends the child with a status the parent reports
-as a ``report_channel`` violation. The hook is a policy and reporting layer, not the boundary: it
-checks before the system call and sees only what raises audit events.
+directory, symlinks that could point out of it, ``mkfifo``/``mknod`` (which raise no audit event
+of their own), and the introspection that would reach the hook. Each refusal raises in the child
+and is reported to the parent, so the result says *what* was attempted. User code cannot reach
+the hook to switch it off (see ``trajtune._sandbox_child``). Reports carry a per-run token, so
+lines the code writes to the report channel itself are flagged as forged, never taken as real; if
+the code closes or replaces the channel, the next refusal ends the child with a status the parent
+reports as a ``report_channel`` violation. The hook is a policy and reporting layer, not the
+boundary: it checks before the system call, and it sees only what raises audit events.
 
 Without namespaces (bwrap missing, or user namespaces disabled: ``isolation="auto"`` then falls
 back with a warning; ``isolation="none"`` asks for it) the OS layers are missing and the result
 says so. Filesystem and network policy then rest on the hook alone, best effort: it also refuses
-``mkfifo``/``mknod`` and the sqlite3/dbm modules, which write files it cannot see; a process that
-leaves the process group (``setsid``) could outlive the call if the hook were bypassed; and when
-trajtune is not root no uid switch protects the caller's own files. Install bubblewrap (``make``
-does, as root) or use a container or VM for hostile code. Disk use across many files is bounded
-by the per-file limit times the time limit, not by a quota. Under bwrap, exit statuses 129-192
-are read as deaths by signal (bwrap reports a signal N as 128+N).
+the sqlite3 and dbm modules, which write files it cannot see, but code that rebuilds a C module
+can get ``mkfifo`` back; a process that leaves the process group (``setsid``) could outlive the
+call if the hook were bypassed; and when trajtune is not root no uid switch protects the caller's
+own files. Install bubblewrap (``make`` does, as root) or use a container or VM for hostile code.
+
+Disk use across many files is bounded by the per-file limit times the time limit, not by a quota.
+Under bwrap, exit statuses 129-192 are read as deaths by signal (bwrap reports signal N as 128+N).
 """
 
 from __future__ import annotations
@@ -98,7 +100,13 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
-    """What happened. ``status`` is the single headline; ``violations`` lists refused operations."""
+    """What happened. ``status`` is the single headline; ``violations`` lists refused operations.
+
+    ``violations`` holds every refusal the policy hook reported, also those the code caught and
+    went on from (then ``status`` is "ok"). ``status`` is "violation" when the code failed after a
+    refusal, or tampered with the report channel (a ``report_channel`` entry says how).
+    ``containment`` says which layers were active (``layers``) and why any other is missing.
+    """
 
     status: str  # ok | error | timeout | cpu_limit | memory_limit | file_size_limit | output_limit | violation | failed_to_start
     stdout: str
@@ -521,6 +529,8 @@ def _classify(rc: int | None, timed_out: bool, over: bool, stderr: str, violatio
         return "memory_limit"
     if "File too large" in stderr or "[Errno 27]" in stderr:
         return "file_size_limit"
-    if violations:
-        return "violation"  # the code tried something refused, even if it caught the error
-    return "ok" if rc == 0 else "error"
+    if any(v["kind"] == "report_channel" for v in violations):
+        return "violation"  # the code tampered with the report channel: never "ok"
+    if rc == 0:
+        return "ok"  # refusals the code caught (e.g. an optional ``import ctypes``) stay listed in violations
+    return "violation" if violations else "error"
