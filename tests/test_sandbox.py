@@ -180,18 +180,18 @@ def test_sandbox_is_safe_to_call_from_threads():
 def test_namespaces_leave_only_the_working_directory_writable():
     # hook off: the mount namespace alone. EROFS (not EACCES) shows it is the read-only mount that
     # stops the write, whatever the permissions; the host's other directories are not there at all.
-    code = ("import errno, json, os, sys\nres = {}\n"
-            "for d in ['/', '/usr', '/etc', '/dev', '/tmp'] + [p for p in sys.path if os.path.isdir(p)]:\n"
+    code = ("import errno, json, os, sys\nres = {}\ntmp = os.path.dirname(os.path.dirname(os.getcwd()))\n"
+            "for d in ['/', '/usr', '/etc', '/dev', tmp] + [p for p in sys.path if os.path.isdir(p)]:\n"
             "    try:\n        open(os.path.join(d, 'probe.txt'), 'w'); res[d] = 'WROTE'\n"
             "    except OSError as e:\n        res[d] = errno.errorcode[e.errno]\n"
             "open('probe.txt', 'w').write('ok')\n"
-            "print(json.dumps([res, os.listdir('/'), os.listdir('/tmp'), open('probe.txt').read()]))")
+            "print(json.dumps([res, os.listdir('/'), os.listdir(tmp), open('probe.txt').read()]))")
     r = run(code, isolation="namespaces", _policy_hook=False)
     assert r.status == "ok", r.stderr
     res, root, tmp, probe = json.loads(r.stdout)
     assert set(res.values()) == {"EROFS"} and len(res) >= 6, res
     assert not {"home", "root", "var", "srv", "mnt", "opt"} & set(root), root
-    assert len(tmp) == 1 and tmp[0].startswith("trajtune-sandbox-") and probe == "ok"
+    assert len(tmp) == 1 and tmp[0].startswith("trajtune-sandbox-") and probe == "ok"  # no other run, no temp file
 
 
 def test_results_list_the_active_layers():
@@ -203,7 +203,7 @@ def test_results_list_the_active_layers():
     assert set(r.containment["missing"]) >= NS_LAYERS | {"audit_hook"} and all(r.containment["missing"].values())
 
 
-def test_without_bwrap_auto_falls_back_with_a_warning_and_namespaces_refuses(monkeypatch):
+def test_without_working_bwrap_auto_falls_back_with_a_warning_and_namespaces_refuses(monkeypatch):
     monkeypatch.setattr(sandbox, "_find_bwrap", lambda: None)
     sandbox._namespaces.cache_clear()
     sandbox._warn_without_namespaces.cache_clear()
@@ -213,6 +213,12 @@ def test_without_bwrap_auto_falls_back_with_a_warning_and_namespaces_refuses(mon
         assert r.ok and not NS_LAYERS & set(r.layers) and "not installed" in r.containment["missing"]["mount_ns"]
         r = run("print(1)", isolation="namespaces")
         assert r.status == "failed_to_start" and "not installed" in r.stderr
+        # a bwrap that cannot create namespaces (e.g. user namespaces disabled) is found out by the probe
+        monkeypatch.setattr(sandbox, "_find_bwrap", lambda: shutil.which("false"))
+        sandbox._namespaces.cache_clear()
+        with pytest.warns(RuntimeWarning, match="cannot create namespaces"):
+            r = run("print(1)")
+        assert r.ok and "cannot create namespaces" in r.containment["missing"]["pid_ns"]
     finally:
         sandbox._namespaces.cache_clear()
         sandbox._warn_without_namespaces.cache_clear()

@@ -361,15 +361,16 @@ def install_hook(fd, token, mode, lost_exit, sys, os_module):
             roots.append(r)
     w = _bind(writable, work=work)
     r = _bind(readable, work=work, roots=tuple(roots))
-    parts = [w, r, _bind(check_open, work=work, writable=w, readable=r), _bind(fs_change, writable=w),
-             _bind(check_sqlite, writable=w)]
-    parts.append(_bind(check_os, fs_change=parts[3], readable=r))
-    parts.append(_bind(check, confined=mode == "namespaces", check_os=parts[5], check_open=parts[2],
-                       check_sqlite=parts[4]))
-    parts.append(_bind(emit, fd=fd, ident=(st.st_dev, st.st_ino), token=token, lost=lost_exit))
-    h = _bind(hook, check=parts[6], emit=parts[7])
+    opens = _bind(check_open, work=work, writable=w, readable=r)
+    changes = _bind(fs_change, writable=w)
+    sqlite = _bind(check_sqlite, writable=w)
+    os_events = _bind(check_os, fs_change=changes, readable=r)
+    c = _bind(check, confined=mode == "namespaces", check_os=os_events, check_open=opens, check_sqlite=sqlite)
+    e = _bind(emit, fd=fd, ident=(st.st_dev, st.st_ino), token=token, lost=lost_exit)
+    h = _bind(hook, check=c, emit=e)
     # refuse re-coding any of them: the hook's own parts and the shared helpers they call
-    h.__defaults__ = _defaults(h, ours=(lexical, resolve, inside, path_text, base_dir, *parts, h))
+    ours = (lexical, resolve, inside, path_text, base_dir, w, r, opens, changes, sqlite, os_events, c, e, h)
+    h.__defaults__ = _defaults(h, ours=ours)
     sys.addaudithook(h)
     _replace_unseen_node_makers(sys.audit, os_module)
 
@@ -381,8 +382,6 @@ def _replace_unseen_node_makers(audit, os_module):
     cannot be used to reach them. Code that rebuilds the ``posix`` module could still get the
     originals; the mount namespace is what stops those outside the working directory.
     """
-    import posix as posix_module
-
     def refuse(name):
         def stand_in(path, *args, _audit=audit, _event="os." + name, **kwargs):
             _audit(_event, path)
@@ -392,13 +391,12 @@ def _replace_unseen_node_makers(audit, os_module):
     for name in ("mkfifo", "mknod"):
         stand_in = refuse(name)
         setattr(os_module, name, stand_in)
-        setattr(posix_module, name, stand_in)
+        setattr(posix, name, stand_in)
 
 
 def _run_user_code(code, sys):
     """Run ``code`` as a fresh ``__main__`` module: it sees none of this program's names."""
     import builtins
-    import types
 
     module = types.ModuleType("__main__")
     module.__builtins__ = builtins
