@@ -78,7 +78,9 @@ Isolation = Literal["auto", "namespaces", "none"]
 # The program the child runs (``python -I -c``): reads the header and code from stdin, applies the
 # rlimits, installs the policy hook, runs the code. Kept as a file so it can be read and tested.
 _CHILD_PROGRAM = Path(__file__).with_name("_sandbox_child.py").read_text(encoding="utf-8")
-_CHANNEL_LOST_EXIT = 97  # the child's status when it refused something but its report channel was gone
+# The child's exit status when its hook refused something but the report channel was gone. Code
+# that exits with it by itself only gets its own run reported as a report_channel violation.
+_CHANNEL_LOST_EXIT = 97
 _MAX_VIOLATIONS = 50
 _MAX_REPORT_BYTES = 1 << 20
 _NS_LAYERS = ("mount_ns", "pid_ns", "net_ns", "ipc_ns")
@@ -364,7 +366,7 @@ def _kill_group(proc: subprocess.Popen, confined: bool) -> None:
     process in the namespace before that init is gone, and bwrap exits only after it, so once
     ``proc.wait()`` returns nothing of the run is alive. Killing bwrap first could return sooner.
     """
-    if confined:
+    if confined and proc.poll() is None:  # not reaped yet, so proc.pid is still bwrap's
         for pid in _children(proc.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -449,20 +451,10 @@ def _execute(cmd: list[str], code: str, limits: SandboxLimits, work: str, uid: i
     threads.append(threading.Thread(target=_drain, args=(rr, reports), daemon=True))
     for t in threads:
         t.start()
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write((json.dumps(header) + "\n" + code).encode("utf-8", "surrogatepass"))
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-    timed_out = False
-    try:
-        proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill()
-        proc.wait()
-    kill()  # stray group members, if any escaped the process limit
+    payload = (json.dumps(header) + "\n" + code).encode("utf-8", "surrogatepass")
+    timed_out = _feed_and_wait(proc, payload, limits.wall_s, kill)
+    if not confined:
+        kill()  # stray members of its process group (under bwrap the PID namespace took them down)
     for t in threads:
         t.join(timeout=2.0)
     rc = proc.returncode
@@ -476,6 +468,23 @@ def _execute(cmd: list[str], code: str, limits: SandboxLimits, work: str, uid: i
     stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
     status = _classify(rc, timed_out, over.is_set(), stderr, violations)
     return SandboxResult(status, stdout, stderr, rc, time.monotonic() - start, violations, containment)
+
+
+def _feed_and_wait(proc: subprocess.Popen, payload: bytes, wall_s: float, kill: Callable[[], None]) -> bool:
+    """Give the child its header and code, and wait for it; True when the wall clock ran out first."""
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(payload)
+        proc.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+    try:
+        proc.wait(timeout=wall_s)
+        return False
+    except subprocess.TimeoutExpired:
+        kill()
+        proc.wait()
+        return True
 
 
 def _drain(fd: int, sink: bytearray) -> None:
