@@ -10,6 +10,9 @@ NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8
 .PHONY: venv demo test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
+	# bubblewrap gives the code sandbox its namespaces; without it (not root) the sandbox says which layers it lacks.
+	command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		apt-get install -y -q bubblewrap || (apt-get update -q && apt-get install -y -q bubblewrap)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 || $(BIN)/pip install -q torch
