@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trajtune.config import ConfigError, RLRunConfig, SFTRunConfig, apply_overrides, load_config
+from trajtune.errors import InputNotFoundError
 
 BASE_SFT = "model: m\noutput_dir: out\ndata: {path: d.jsonl}\n"
 
@@ -63,7 +64,7 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 
 
 def test_missing_config_and_bad_override(tmp_path):
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(InputNotFoundError, match="nope.yaml: no such file"):  # the same error as any missing input
         load_config(tmp_path / "nope.yaml", SFTRunConfig)
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         apply_overrides({}, ["train.lr"])

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from trajtune import demo as demo_mod
 from trajtune.cli.main import app
+from trajtune.errors import RunDirError
 
 runner = CliRunner()
 
@@ -75,7 +76,7 @@ def test_demo_writes_the_promised_run_directory(tmp_path):
     # An existing run directory is never overwritten without --overwrite; nothing in it changes.
     before = (out / "summary.json").read_bytes()
     r = runner.invoke(app, ["demo", "--out", str(out), "--set", "n_train=4"])
-    assert r.exit_code == 2 and "--overwrite" in r.output
+    assert r.exit_code == RunDirError.exit_code and "--overwrite" in r.output and "make demo-again" in r.output
     assert (out / "summary.json").read_bytes() == before
 
 

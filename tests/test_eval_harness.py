@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trajtune.errors import OutputError
 from trajtune.eval.backends import TextBackend
 from trajtune.eval.harness import EvalSettings, run_evaluation
 from trajtune.eval.metrics import answer_key, pass_at_k, summarize, tool_call_counts
@@ -269,7 +270,7 @@ def test_resume_skips_finished_episodes(tmp_path):
     with pytest.raises(FileExistsError, match="--resume"):
         EvalStore(out, s.as_dict())
     other = EvalSettings(model="scripted", env="home", tasks=6, batch_size=2, workers=1)
-    with pytest.raises(ValueError, match="tasks: was 5, now 6"):
+    with pytest.raises(OutputError, match="tasks: was 5, now 6"):
         EvalStore(out, other.as_dict(), resume=True)
 
     calls_before = gen.counter["calls"]
@@ -383,7 +384,7 @@ def test_cli_env_home_with_tiny_model(tiny_dir, tmp_path):
     assert m["episodes"] == 2 and "pass@1" in m and "tool_call_accuracy" in m and "categories" in m
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
     r2 = _cli(args)
-    assert r2.exit_code == 2 and "--resume" in r2.output
+    assert r2.exit_code == OutputError.exit_code and "--resume" in r2.output
     r3 = _cli(args + ["--resume"])
     assert r3.exit_code == 0, r3.output
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 2  # nothing was run again

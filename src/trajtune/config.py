@@ -12,11 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trajtune.errors import ConfigError, require_input  # ConfigError is re-exported as config.ConfigError
 from trajtune.models.loading import LoraConfig
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class _C(BaseModel):
@@ -226,8 +223,7 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
     if path is not None:
         p = Path(path)
         source = str(p)
-        if not p.exists():
-            raise ConfigError(f"{p}: config file not found")
+        require_input(p, "--config")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:

@@ -24,35 +24,33 @@ def doctor_cmd(
 
     Renders a multi-turn tool conversation and reports prefix stability, generation-marker
     coverage, assistant mask vs provenance, tool-call round trip, end-of-turn token, system
-    prompt and tools, thinking handling. Exits 1 if a check fails, 2 on bad input.
+    prompt and tools, thinking handling. Exits 1 if a check fails; bad input exits with the
+    code of its error kind (see `trajtune --help`).
 
     Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --json
     """
     from trajtune.chat.doctor import check_template, report_json
     from trajtune.chat.render import RenderConfig
+    from trajtune.errors import DataError, ModelLoadError, UsageError, require_input
 
     if non_prefix not in ("error", "split"):
-        typer.echo(f"error: --non-prefix must be 'error' or 'split', got {non_prefix!r}", err=True)
-        raise typer.Exit(2)
+        raise UsageError(f"--non-prefix must be 'error' or 'split', got {non_prefix!r}")
     if parser is not None and parser not in available_parsers():
-        typer.echo(f"error: unknown parser {parser!r}; available: {', '.join(available_parsers())}", err=True)
-        raise typer.Exit(2)
+        raise UsageError(f"unknown parser {parser!r}; available: {', '.join(available_parsers())}")
     chat_template = None
     if template is not None:
         try:
-            chat_template = template.read_text(encoding="utf-8")
-        except OSError as e:
-            typer.echo(f"error: cannot read --template {template}: {e.strerror or e}", err=True)
-            raise typer.Exit(2)
+            chat_template = require_input(template, "--template").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read --template {template}: {getattr(e, 'strerror', None) or e}") from None
     try:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model)
     except Exception as e:  # missing path, no network, not a tokenizer: a user error, not a traceback
-        typer.echo(f"error: cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e}\n"
-                   "hint: pass a local directory containing tokenizer.json / tokenizer_config.json, "
-                   "or a Hugging Face id (needs network access or a cached copy)", err=True)
-        raise typer.Exit(2)
+        raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e} (hint: pass a "
+                             "local directory containing tokenizer.json / tokenizer_config.json, or a Hugging Face "
+                             "id; it needs network access or a cached copy)") from None
     report = check_template(tok, chat_template=chat_template, parser=parser,
                             config=RenderConfig(non_prefix=non_prefix))  # type: ignore[arg-type]
     typer.echo(report_json(report) if as_json else report.format_text())

@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from trajtune import errors
+
 
 class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,7 +24,7 @@ class LoraConfig(BaseModel):
     target_modules: list[str] | str = "all-linear"
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(errors.ModelLoadError):
     pass
 
 
