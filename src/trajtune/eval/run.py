@@ -105,7 +105,7 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         settings.max_length, warning = resolve_max_length(settings.max_length,
                                                           model_context_length(settings.model, tok))
         if warning:
-            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     else:
         if settings.parser == "auto":
             settings.parser = "hermes"
