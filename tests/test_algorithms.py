@@ -1,4 +1,4 @@
-"""ALGORITHMS.md test vectors for the RL and SFT pieces (numbers from the spec, not from the code)."""
+"""docs/algorithms.md test vectors for the RL and SFT pieces (numbers from the spec, not from the code)."""
 
 from __future__ import annotations
 

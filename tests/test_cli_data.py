@@ -170,6 +170,19 @@ def test_stats_token_lengths_with_local_tokenizer(tmp_path):
     assert res.exit_code == ModelLoadError.exit_code and "could not load tokenizer" in res.output
 
 
+def test_stats_token_lengths_through_the_chat_template(tmp_path, tiny_dir):
+    """With a chat template the count is the rendered conversation, the length a trainer sees."""
+    from transformers import AutoTokenizer
+
+    recs = [chat(0, user="turn the lamp on", answer="done"), chat(1, user="hi", answer="hello there")]
+    p = write_rows(tmp_path / "t.jsonl", recs)
+    s = json.loads(run("stats", p, "--model", tiny_dir, "--json").output)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    want = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False)["input_ids"])
+            for r in recs]
+    assert (s["tokens"]["min"], s["tokens"]["max"], s["tokens"]["total"]) == (min(want), max(want), sum(want))
+
+
 # ----------------------------------------------------------------------------- mix / split / dedup
 
 

@@ -82,3 +82,30 @@ def test_example_configs_validate():
         cls = RLRunConfig if p.name.startswith("rl_") else SFTRunConfig
         cfg = load_config(p, cls)
         assert cfg.output_dir.startswith("runs/")
+
+
+def test_rl_eval_defaults_to_the_training_env_so_set_env_moves_both(tmp_path):
+    p = _write(tmp_path, "model: m\noutput_dir: out\nenv: home\neval: {n_tasks: 10}\n")
+    assert load_config(p, RLRunConfig).eval.env.name == "home"
+    cfg = load_config(p, RLRunConfig, ["env=workspace"])
+    assert cfg.env.name == "workspace" and cfg.eval.env.name == "workspace"
+    p2 = _write(tmp_path, "model: m\noutput_dir: out\nenv: home\neval: {env: sokoban, n_tasks: 10}\n")
+    assert load_config(p2, RLRunConfig, ["env=workspace"]).eval.env.name == "sokoban"  # an explicit choice stays
+    assert load_config(_write(tmp_path, "model: m\noutput_dir: out\nenv: home\n"), RLRunConfig).eval is None
+
+
+def test_readme_rl_commands_train_and_evaluate_on_one_env():
+    """Every `trajtune rl` line of the README evaluates on the environment it trains on."""
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    text = (root / "README.md").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("trajtune rl ")]
+    assert lines
+    for ln in lines:
+        argv = shlex.split(ln.split("#")[0])
+        config = root / argv[argv.index("--config") + 1]
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        cfg = load_config(config, RLRunConfig, sets)
+        assert cfg.eval is not None and cfg.eval.env.name == cfg.env.name, ln

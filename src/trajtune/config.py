@@ -98,7 +98,7 @@ class RolloutSpec(_C):
 
 
 class EvalSpec(_C):
-    env: EnvSpec | None = None
+    env: EnvSpec | None = Field(None, description="environment to evaluate on; an RL run defaults to its own env")
     n_tasks: int = Field(64, gt=0)
     n_samples: int = Field(1, gt=0)
     k: list[int] = Field(default_factory=lambda: [1])
@@ -165,6 +165,16 @@ class RLRunConfig(_RunBase):
     env: EnvSpec
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     rl: RLSpec = Field(default_factory=RLSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_on_the_training_env(cls, v: Any) -> Any:
+        """An ``eval:`` section without ``env`` evaluates on the training environment, so that
+        ``--set env=workspace`` cannot silently keep evaluating on another one."""
+        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
+                and v.get("env") is not None:
+            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
+        return v
 
     @field_validator("train")
     @classmethod

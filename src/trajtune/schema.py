@@ -1,7 +1,7 @@
 """The trajectory IR: the one record every converter produces and every algorithm consumes.
 
 Kept free of tokenizers and torch so that data tooling stays light and importable anywhere.
-The field list follows ``shared/design/FORMATS.md``; ``extra="forbid"`` everywhere except the
+The field list is documented in docs/formats.md; ``extra="forbid"`` everywhere except the
 namespaced ``extra`` dicts, so a typo in a field name is an error instead of silently dropped data.
 """
 

@@ -229,7 +229,7 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
     if getattr(tok, "chat_template", None):
         try:
             ids = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=True)
-            if isinstance(ids, dict):
+            if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding (a mapping, not a dict)
                 ids = ids["input_ids"]
             return len(ids)
         except Exception:  # a template that rejects this shape: count the plain text instead
