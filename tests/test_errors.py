@@ -141,3 +141,11 @@ def test_user_errors_keep_their_builtin_bases(cls):
     """Callers that caught ValueError / FileExistsError before keep working."""
     base = FileExistsError if cls is OutputError else ValueError
     assert issubclass(cls, base)
+
+
+def test_data_truncation_error_is_a_data_error_naming_the_record(tmp_path, tiny_dir):
+    ok = _one_chat(tmp_path)
+    r = _cli("sft", "--config", _sft_yaml(tmp_path, tiny_dir, ok, tmp_path / "o"), "--set", "data.max_length=10",
+             "--set", "data.truncation=error")
+    assert r.exit_code == DataError.exit_code and "'a'" in r.output and "max_length 10" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "o").exists()

@@ -22,10 +22,7 @@ def doctor_cmd(
 ) -> None:
     """Check that a chat template renders agent conversations in a trainable way.
 
-    Renders a multi-turn tool conversation and reports prefix stability, generation-marker
-    coverage, assistant mask vs provenance, tool-call round trip, end-of-turn token, system
-    prompt and tools, thinking handling. Exits 1 if a check fails; bad input exits with the
-    code of its error kind (see `trajtune --help`).
+    Renders a multi-turn tool conversation and reports prefix stability, generation-marker coverage, assistant mask vs provenance, tool-call round trip, end-of-turn token, system prompt and tools, thinking handling. Exits 1 if a check fails; bad input exits with the code of its error kind (see `trajtune --help`).
 
     Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --json
     """

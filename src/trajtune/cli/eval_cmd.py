@@ -67,9 +67,7 @@ def eval_(
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
-    Every episode is written to --out/episodes.jsonl (IR) as it finishes; --resume continues an
-    interrupted run. The results JSON goes to stdout, the progress bar and a summary table to stderr
-    (-q: the JSON only). See docs/eval.md for the metric definitions.
+    Every episode is written to --out/episodes.jsonl (IR) as it finishes; --resume continues an interrupted run. The results JSON goes to stdout, the progress bar and a summary table to stderr (-q: the JSON only). See docs/eval.md for the metric definitions.
 
     Example: trajtune eval --model runs/demo/sft/final --env home --tasks 100 --out runs/eval
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import click
 import typer
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from trajtune import __version__
 from trajtune.cli import run as _run
@@ -45,14 +46,19 @@ def report_error(e: BaseException, debug: bool) -> int:
     return 1
 
 
+# Control flow that typer/click handle themselves: exits, usage errors (typer vendors its own click,
+# whose exceptions derive from TyperException), and a closed stdout (`trajtune ... | head`).
+_PASS_THROUGH = (typer.Exit, typer.Abort, TyperException, click.exceptions.Exit, click.ClickException,
+                 click.exceptions.Abort, SystemExit, BrokenPipeError)
+
+
 class TrajtuneGroup(TyperGroup):
     """The root command group; it applies the error policy to every sub-command."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (typer.Exit, typer.Abort, click.exceptions.Exit, click.ClickException, click.exceptions.Abort,
-                SystemExit):
+        except _PASS_THROUGH:
             raise
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001  (the one place that classifies errors)
             debug = bool(ctx.params.get("debug")) or os.environ.get("TRAJTUNE_DEBUG", "") not in ("", "0")
