@@ -109,3 +109,8 @@ def test_readme_rl_commands_train_and_evaluate_on_one_env():
         sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
         cfg = load_config(config, RLRunConfig, sets)
         assert cfg.eval is not None and cfg.eval.env.name == cfg.env.name, ln
+
+
+def test_unknown_rollout_parser_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="rollout.parser: unknown tool-call parser 'nope'"):
+        load_config(_write(tmp_path, "model: m\noutput_dir: out\nenv: home\nrollout: {parser: nope}\n"), RLRunConfig)

@@ -149,3 +149,10 @@ def test_data_truncation_error_is_a_data_error_naming_the_record(tmp_path, tiny_
              "--set", "data.truncation=error")
     assert r.exit_code == DataError.exit_code and "'a'" in r.output and "max_length 10" in r.output, r.output
     assert "Traceback" not in r.output and not (tmp_path / "o").exists()
+
+
+def test_an_unknown_eval_env_is_refused_before_the_run_directory_is_made(tmp_path, tiny_dir):
+    ok = _one_chat(tmp_path)
+    r = _cli("sft", "--config", _sft_yaml(tmp_path, tiny_dir, ok, tmp_path / "o"), "--set", "eval.env=nope")
+    assert r.exit_code == EnvError.exit_code and "unknown environment 'nope'" in r.output
+    assert not (tmp_path / "o").exists()

@@ -96,6 +96,15 @@ class RolloutSpec(_C):
     batch_size: int = Field(32, gt=0)
     step_timeout_s: float = Field(30.0, gt=0)
 
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        from trajtune.chat.parsers import available_parsers
+
+        if v not in available_parsers():
+            raise ValueError(f"unknown tool-call parser {v!r}; available: {', '.join(available_parsers())}")
+        return v
+
 
 class EvalSpec(_C):
     env: EnvSpec | None = Field(None, description="environment to evaluate on; an RL run defaults to its own env")

@@ -315,7 +315,12 @@ def _already_finished(st: RunState, quiet: bool) -> dict[str, Any]:
 
 def _start_run(cfg: Any, kind: str, st: RunState, diff: dict[str, tuple[Any, Any]], overwrite: bool,
                resume: bool) -> Path:
-    """Create (or keep, on resume) the run directory; write the config, or record an accepted change."""
+    """Create (or keep, on resume) the run directory; write the config, or record an accepted change.
+
+    The environments are made first, so an unknown name or bad argument (EnvError) is refused
+    before anything is written."""
+    if cfg.eval is not None and cfg.eval.env is not None:
+        make_env(cfg.eval.env.name, **cfg.eval.env.kwargs)
     out = prepare_run_dir(cfg.output_dir, overwrite, resume)
     if not resume:
         _write_common(out, cfg, kind)
