@@ -114,3 +114,17 @@ def test_readme_rl_commands_train_and_evaluate_on_one_env():
 def test_unknown_rollout_parser_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="rollout.parser: unknown tool-call parser 'nope'"):
         load_config(_write(tmp_path, "model: m\noutput_dir: out\nenv: home\nrollout: {parser: nope}\n"), RLRunConfig)
+
+
+def test_a_dumped_config_loads_back_unchanged(tmp_path):
+    """A run's config.yaml spells out every default; it must be usable as --config again."""
+    from pathlib import Path
+
+    from trajtune.config import dump_config
+
+    ex = Path(__file__).parent.parent / "examples"
+    for p in sorted(ex.glob("*.yaml")):
+        cls = RLRunConfig if p.name.startswith("rl_") else SFTRunConfig
+        cfg = load_config(p, cls)
+        again = _write(tmp_path, dump_config(cfg))
+        assert load_config(again, cls) == cfg, p.name

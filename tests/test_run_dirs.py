@@ -75,6 +75,10 @@ def test_resume_refuses_a_changed_config_and_shows_the_diff(tmp_path, tiny_dir, 
     assert "--allow-config-change" in r.output and "Traceback" not in r.output
     assert ((out / "metrics.jsonl").read_text(), (out / "config.yaml").read_text()) == before
     assert not (out / "config_changes.jsonl").exists()
+    # A config.yaml written before a key existed (here: train.weight_decay) is read with the key's default.
+    stored = yaml.safe_load((out / "config.yaml").read_text())
+    del stored["train"]["weight_decay"]
+    (out / "config.yaml").write_text(yaml.safe_dump(stored))
     # output_dir is how the run is found: a moved run directory is still the same run.
     moved = tmp_path / "moved"
     out.rename(moved)

@@ -19,6 +19,12 @@ from trajtune.models.loading import LoraConfig
 class _C(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    def non_default(self) -> set[str]:
+        """Fields whose value differs from their default. The no-op checks use this rather than "was
+        given", so a run's config.yaml (which spells out every default) loads back with --config."""
+        return {n for n, f in type(self).model_fields.items()
+                if not f.is_required() and getattr(self, n) != f.get_default(call_default_factory=True)}
+
 
 class ModelSpec(_C):
     name_or_path: str
@@ -63,7 +69,7 @@ class TrainSpec(_C):
 
     @model_validator(mode="after")
     def _no_ops(self) -> "TrainSpec":
-        s = self.model_fields_set
+        s = self.non_default()
         if not self.eaft and ({"eaft_top_k", "eaft_alpha"} & s):
             raise ValueError("train.eaft_top_k / train.eaft_alpha are set but train.eaft is false: they would do nothing")
         if self.save_every and self.save_every >= self.steps:
@@ -140,7 +146,7 @@ class RLSpec(_C):
 
     @model_validator(mode="after")
     def _no_ops(self) -> "RLSpec":
-        s = self.model_fields_set
+        s = self.non_default()
         if self.kl_coef == 0 and "kl_estimator" in s:
             raise ValueError("rl.kl_estimator is set but rl.kl_coef is 0: no KL term would be computed")
         if self.aggregation != "seq_mean_token_sum_norm" and "norm_length" in s:
@@ -188,7 +194,7 @@ class RLRunConfig(_RunBase):
     @field_validator("train")
     @classmethod
     def _rl_train(cls, v: TrainSpec) -> TrainSpec:
-        if "batch_size" in v.model_fields_set:
+        if "batch_size" in v.non_default():
             raise ValueError("train.batch_size is not used by RL (a step is rl.tasks_per_step × rl.group_size episodes)")
         return v
 

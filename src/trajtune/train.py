@@ -140,6 +140,10 @@ def check_resume_config(st: RunState, cfg: SFTRunConfig | RLRunConfig, kind: str
     if st.kind is not None and st.kind != kind:
         raise RunDirError(f"--resume: {p} holds a {st.kind} run, not {kind}")
     old = yaml.safe_load((p / "config.yaml").read_text()) or {}
+    try:  # fill keys a newer trajtune added (with their defaults), so only real changes show
+        old = type(cfg).model_validate(old).model_dump(mode="json")
+    except ValueError:  # a config.yaml an older version wrote with keys since removed: compare as stored
+        pass
     diff = config_diff(old, cfg.model_dump(mode="json"))
     if st.status == "finished" and diff:
         raise RunDirError(f"--resume: {p} holds a finished run (step {st.step}) and the config differs from its "
