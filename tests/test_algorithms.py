@@ -1,4 +1,4 @@
-"""ALGORITHMS.md test vectors for the RL and SFT pieces (numbers from the spec, not from the code)."""
+"""docs/algorithms.md test vectors for the RL and SFT pieces (numbers from the spec, not from the code)."""
 
 from __future__ import annotations
 
@@ -161,3 +161,16 @@ def test_sft_loss_is_token_mean_ce_over_policy_tokens_only():
     assert (loss / obj.denominator(b)).item() == pytest.approx(want.item(), abs=1e-6)
     loss.backward()
     assert model.logits.grad[0, 1].abs().sum().item() == 0.0  # position predicting an env token
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_a_group_with_a_non_finite_reward_is_dropped_and_counted(bad):
+    tts = [_tt(1.0, 2, group="a"), _tt(bad, 2, group="a"), _tt(0.0, 2, group="a"),
+           _tt(1.0, 2, group="b"), _tt(0.0, 2, group="b")]
+    kept, m = assign_advantages(tts, "grpo")
+    assert [t.group for t in kept] == ["b", "b"] and m["nonfinite_reward_groups"] == 1
+    assert all(math.isfinite(a) for t in kept for a in t.advantages)
+    for est in ("dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
+        kept, m = assign_advantages([_tt(1.0, 2, group="a"), _tt(bad, 2, group="a"), _tt(0.0, 2, group="b"),
+                                     _tt(1.0, 2, group="b")], est)
+        assert m["nonfinite_reward_groups"] == 1 and all(math.isfinite(a) for t in kept for a in t.advantages), est

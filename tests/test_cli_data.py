@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trajtune.cli.main import app
+from trajtune.errors import DataError, InputNotFoundError, ModelLoadError, OutputError, UsageError
 from trajtune.formats import canonical_json
 
 FIX = Path(__file__).parent / "fixtures" / "formats"
@@ -77,9 +78,9 @@ def test_validate_json_multiple_files(tmp_path):
 
 def test_validate_missing_file_and_unknown_format(tmp_path):
     res = run("validate", tmp_path / "nope.jsonl")
-    assert res.exit_code == 2 and "no such file" in res.output
+    assert res.exit_code == InputNotFoundError.exit_code and "no such file" in res.output
     res = run("validate", FIX / "xlam.jsonl", "--from", "klingon")
-    assert res.exit_code == 1 and "unknown format" in res.output
+    assert res.exit_code == UsageError.exit_code and "unknown format" in res.output
 
 
 # ----------------------------------------------------------------------------- convert
@@ -102,12 +103,12 @@ def test_convert_refuses_overwrite_and_is_atomic(tmp_path):
     out = tmp_path / "out.jsonl"
     out.write_text("precious\n")
     res = run("convert", FIX / "xlam.jsonl", "--to", "openai", "-o", out)
-    assert res.exit_code == 1 and "--overwrite" in res.output
+    assert res.exit_code == OutputError.exit_code and "--overwrite" in res.output
     assert out.read_text() == "precious\n"
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(chat(0)) + "\n{broken\n")
     res = run("convert", bad, "--to", "sharegpt", "-o", out, "--overwrite")
-    assert res.exit_code == 1 and ":2" in res.output and "E101" in res.output
+    assert res.exit_code == DataError.exit_code and ":2" in res.output and "E101" in res.output
     assert out.read_text() == "precious\n"  # failed run left the old output untouched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "out.jsonl"]  # no temp files left
     res = run("convert", FIX / "xlam.jsonl", "--to", "openai", "-o", out, "--overwrite")
@@ -129,7 +130,7 @@ def test_convert_autodetect_errors_are_clear(tmp_path):
     amb = write_rows(tmp_path / "amb.jsonl", [{"conversations": [
         {"from": "human", "value": "x", "loss": False}, {"from": "gpt", "value": "<tool_call>{}</tool_call>", "loss": True}]}])
     res = run("convert", amb, "--to", "openai", "-o", tmp_path / "o.jsonl")
-    assert res.exit_code == 1 and "ambiguous format" in res.output and "--from" in res.output
+    assert res.exit_code == DataError.exit_code and "ambiguous format" in res.output and "--from" in res.output
     assert not (tmp_path / "o.jsonl").exists()
     res = run("convert", amb, "--from", "react", "--to", "openai", "-o", tmp_path / "o.jsonl")
     assert res.exit_code == 0
@@ -166,7 +167,20 @@ def test_stats_token_lengths_with_local_tokenizer(tmp_path):
     # no chat template: plain text of the messages, whitespace-split -> 5 and 2 tokens
     assert s["tokens"]["min"] == 2 and s["tokens"]["max"] == 5 and s["tokens"]["total"] == 7
     res = run("stats", p, "--model", tmp_path / "missing-tok")
-    assert res.exit_code == 1 and "could not load tokenizer" in res.output
+    assert res.exit_code == ModelLoadError.exit_code and "could not load tokenizer" in res.output
+
+
+def test_stats_token_lengths_through_the_chat_template(tmp_path, tiny_dir):
+    """With a chat template the count is the rendered conversation, the length a trainer sees."""
+    from transformers import AutoTokenizer
+
+    recs = [chat(0, user="turn the lamp on", answer="done"), chat(1, user="hi", answer="hello there")]
+    p = write_rows(tmp_path / "t.jsonl", recs)
+    s = json.loads(run("stats", p, "--model", tiny_dir, "--json").output)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    want = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False)["input_ids"])
+            for r in recs]
+    assert (s["tokens"]["min"], s["tokens"]["max"], s["tokens"]["total"]) == (min(want), max(want), sum(want))
 
 
 # ----------------------------------------------------------------------------- mix / split / dedup
@@ -188,10 +202,10 @@ def test_mix_weights_and_seed(tmp_path):
     run("mix", f"{a}:0.7", f"{b}:0.3", "-o", tmp_path / "m3.jsonl", "--seed", "6")
     assert (tmp_path / "m1.jsonl").read_text() != (tmp_path / "m3.jsonl").read_text()
     res = run("mix", f"{a}:0.5", f"{b}:0.5", "-o", tmp_path / "m4.jsonl", "--n", "30")
-    assert res.exit_code == 1 and "--replace" in res.output
+    assert res.exit_code == UsageError.exit_code and "--replace" in res.output
     assert run("mix", f"{a}:0.5", f"{b}:0.5", "-o", tmp_path / "m4.jsonl", "--n", "30", "--replace").exit_code == 0
     assert len(rows(tmp_path / "m4.jsonl")) == 30
-    assert run("mix", f"{a}", "-o", tmp_path / "m5.jsonl").exit_code == 1
+    assert run("mix", f"{a}", "-o", tmp_path / "m5.jsonl").exit_code == UsageError.exit_code
 
 
 def test_split_deterministic_and_stable(tmp_path):
@@ -205,8 +219,8 @@ def test_split_deterministic_and_stable(tmp_path):
     run("split", p2, "-o", tmp_path / "s2", "--ratios", "train=0.5,val=0.5", "--seed", "1")
     tr2 = {r["id"] for r in rows(tmp_path / "s2" / "train.jsonl")}
     assert {r["id"] for r in tr} <= tr2  # adding data never moves an old record across splits
-    assert run("split", p, "-o", tmp_path / "s1", "--ratios", "train=0.5,val=0.5").exit_code == 1  # exists
-    assert run("split", p, "-o", tmp_path / "s3", "--ratios", "train:0.5").exit_code == 1
+    assert run("split", p, "-o", tmp_path / "s1", "--ratios", "train=0.5,val=0.5").exit_code == OutputError.exit_code
+    assert run("split", p, "-o", tmp_path / "s3", "--ratios", "train:0.5").exit_code == UsageError.exit_code
 
 
 def test_dedup_exact_vs_normalized(tmp_path):
@@ -217,7 +231,7 @@ def test_dedup_exact_vs_normalized(tmp_path):
     res = run("dedup", p, "-o", tmp_path / "n.jsonl", "--mode", "normalized", "--to", "openai")
     assert res.exit_code == 0 and "kept 2, dropped 2" in res.output
     assert [r["id"] for r in rows(tmp_path / "n.jsonl")] == ["r0", "r3"]
-    assert run("dedup", p, "-o", tmp_path / "x.jsonl", "--mode", "fuzzy").exit_code == 1
+    assert run("dedup", p, "-o", tmp_path / "x.jsonl", "--mode", "fuzzy").exit_code == UsageError.exit_code
 
 
 def test_bad_input_corpus_never_tracebacks(tmp_path):
@@ -237,7 +251,7 @@ def test_bad_input_corpus_never_tracebacks(tmp_path):
         assert expect[name] in rules, name
         assert res.exit_code == (0 if name == "bom.jsonl" else 1), name
         res = run("convert", p, "--from", "openai", "--to", "ir", "-o", tmp_path / f"{name}.out")
-        assert res.exit_code in (0, 1)
+        assert res.exit_code in (0, DataError.exit_code)
 
 
 def test_stats_counts_bad_arguments_per_call(tmp_path):

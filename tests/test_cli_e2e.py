@@ -10,6 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from trajtune.cli.main import app
+from trajtune.errors import ConfigError, DataError, ModelLoadError, RenderError, RunDirError
 from trajtune.envs import make_env
 from trajtune.schema import write_trajectories
 
@@ -129,22 +130,22 @@ def test_bad_inputs_give_one_clear_message(tmp_path, tiny_dir, data):
     out.mkdir()
     (out / "keep.txt").write_text("precious")
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, tiny_dir, data_path, out))
-    assert r.exit_code == 2 and "already exists" in r.output and "--overwrite" in r.output
+    assert r.exit_code == RunDirError.exit_code and "already exists" in r.output and "--overwrite" in r.output
     assert (out / "keep.txt").read_text() == "precious"
     # malformed config
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"model: {tiny_dir}\noutput_dir: {tmp_path / 'o1'}\ndata: {{path: {data_path}}}\ntrain: {{lr: -1}}\n")
     r = _invoke("sft", "--config", bad)
-    assert r.exit_code == 2 and "train.lr" in r.output and not (tmp_path / "o1").exists()
+    assert r.exit_code == ConfigError.exit_code and "train.lr" in r.output and not (tmp_path / "o1").exists()
     # missing model path
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, tmp_path / "no-such-model", data_path, tmp_path / "o2"))
-    assert r.exit_code == 2 and "does not exist" in r.output and not (tmp_path / "o2").exists()
+    assert r.exit_code == ModelLoadError.exit_code and "does not exist" in r.output and not (tmp_path / "o2").exists()
     # a JSONL with a bad line
     broken = tmp_path / "broken.jsonl"
     lines = data_path.read_text().splitlines()
     broken.write_text("\n".join(lines[:3] + ['{"id": "x", "messages": [oops'] + lines[3:5]) + "\n")
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, tiny_dir, broken, tmp_path / "o3"))
-    assert r.exit_code == 2 and "broken.jsonl:4" in r.output and not (tmp_path / "o3").exists()
+    assert r.exit_code == DataError.exit_code and "broken.jsonl:4" in r.output and not (tmp_path / "o3").exists()
     # a tokenizer without a chat template
     import shutil
 
@@ -156,7 +157,7 @@ def test_bad_inputs_give_one_clear_message(tmp_path, tiny_dir, data):
     for f in nochat.glob("chat_template.*"):
         f.unlink()
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, nochat, data_path, tmp_path / "o4"))
-    assert r.exit_code == 2 and "no chat template" in r.output and not (tmp_path / "o4").exists()
+    assert r.exit_code == RenderError.exit_code and "no chat template" in r.output and not (tmp_path / "o4").exists()
 
 
 def test_training_refuses_a_template_that_would_mis_mask_unless_split(tmp_path, tiny_dir, data):
@@ -175,11 +176,11 @@ def test_training_refuses_a_template_that_would_mis_mask_unless_split(tmp_path, 
         f.unlink()
     out = tmp_path / "q3run"
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2))
-    assert r.exit_code == 2 and "fails conformance checks" in r.output and "trajtune doctor" in r.output
+    assert r.exit_code == RenderError.exit_code and "fails conformance checks" in r.output and "trajtune doctor" in r.output
     assert not out.exists()
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "render.non_prefix=split",
                 "--set", "data.max_length=100")
-    assert r.exit_code == 2 and "longer than data.max_length (100)" in r.output
+    assert r.exit_code == DataError.exit_code and "longer than data.max_length (100)" in r.output
     r = _invoke("sft", "--config", _sft_yaml(tmp_path, q3, data_path, out, steps=2), "--set", "render.non_prefix=split",
                 "--set", "data.max_length=4096", "--quiet")
     assert r.exit_code == 0, r.output

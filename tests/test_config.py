@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trajtune.config import ConfigError, RLRunConfig, SFTRunConfig, apply_overrides, load_config
+from trajtune.errors import InputNotFoundError
 
 BASE_SFT = "model: m\noutput_dir: out\ndata: {path: d.jsonl}\n"
 
@@ -63,7 +64,7 @@ def test_yaml_syntax_error_names_the_line(tmp_path):
 
 
 def test_missing_config_and_bad_override(tmp_path):
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(InputNotFoundError, match="nope.yaml: no such file"):  # the same error as any missing input
         load_config(tmp_path / "nope.yaml", SFTRunConfig)
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         apply_overrides({}, ["train.lr"])
@@ -124,3 +125,49 @@ def test_render_options_outside_a_run_config():
         load_render(render_overrides(["render.bogus=1"]))
     with pytest.raises(ConfigError, match="only render"):
         render_overrides(["train.lr=1"])
+
+
+def test_rl_eval_defaults_to_the_training_env_so_set_env_moves_both(tmp_path):
+    p = _write(tmp_path, "model: m\noutput_dir: out\nenv: home\neval: {n_tasks: 10}\n")
+    assert load_config(p, RLRunConfig).eval.env.name == "home"
+    cfg = load_config(p, RLRunConfig, ["env=workspace"])
+    assert cfg.env.name == "workspace" and cfg.eval.env.name == "workspace"
+    p2 = _write(tmp_path, "model: m\noutput_dir: out\nenv: home\neval: {env: sokoban, n_tasks: 10}\n")
+    assert load_config(p2, RLRunConfig, ["env=workspace"]).eval.env.name == "sokoban"  # an explicit choice stays
+    assert load_config(_write(tmp_path, "model: m\noutput_dir: out\nenv: home\n"), RLRunConfig).eval is None
+
+
+def test_readme_rl_commands_train_and_evaluate_on_one_env():
+    """Every `trajtune rl` line of the README evaluates on the environment it trains on."""
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    text = (root / "README.md").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("trajtune rl ")]
+    assert lines
+    for ln in lines:
+        argv = shlex.split(ln.split("#")[0])
+        config = root / argv[argv.index("--config") + 1]
+        sets = [argv[i + 1] for i, a in enumerate(argv) if a == "--set"]
+        cfg = load_config(config, RLRunConfig, sets)
+        assert cfg.eval is not None and cfg.eval.env.name == cfg.env.name, ln
+
+
+def test_unknown_rollout_parser_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="rollout.parser: unknown tool-call parser 'nope'"):
+        load_config(_write(tmp_path, "model: m\noutput_dir: out\nenv: home\nrollout: {parser: nope}\n"), RLRunConfig)
+
+
+def test_a_dumped_config_loads_back_unchanged(tmp_path):
+    """A run's config.yaml spells out every default; it must be usable as --config again."""
+    from pathlib import Path
+
+    from trajtune.config import dump_config
+
+    ex = Path(__file__).parent.parent / "examples"
+    for p in sorted(ex.glob("*.yaml")):
+        cls = RLRunConfig if p.name.startswith("rl_") else SFTRunConfig
+        cfg = load_config(p, cls)
+        again = _write(tmp_path, dump_config(cfg))
+        assert load_config(again, cls) == cfg, p.name

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from trajtune import demo as demo_mod
 from trajtune.cli.main import app
+from trajtune.errors import RunDirError
 
 runner = CliRunner()
 
@@ -71,11 +74,17 @@ def test_demo_writes_the_promised_run_directory(tmp_path):
     for png in ("sft_loss.png", "rl_reward.png", "rl_weak_reward.png", "success.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "n_train: 48" in (out / "demo_config.yaml").read_text()
+    # Saved models are readable like any other output (umask applied, not mkstemp's 0600).
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in (out / "base-model" / "model.safetensors", out / "sft" / "final" / "model.safetensors",
+              out / "summary.json"):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o666 & ~umask, f
 
     # An existing run directory is never overwritten without --overwrite; nothing in it changes.
     before = (out / "summary.json").read_bytes()
     r = runner.invoke(app, ["demo", "--out", str(out), "--set", "n_train=4"])
-    assert r.exit_code == 2 and "--overwrite" in r.output
+    assert r.exit_code == RunDirError.exit_code and "--overwrite" in r.output and "make demo-again" in r.output
     assert (out / "summary.json").read_bytes() == before
 
 

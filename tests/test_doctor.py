@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from trajtune.chat.doctor import check_template
 from trajtune.chat.render import RenderConfig
 from trajtune.cli.main import app
+from trajtune.errors import ModelLoadError, UsageError
 
 CHATML = FAMILIES["chatml"].template
 
@@ -120,9 +121,9 @@ def test_cli(tmp_path):
                               "--non-prefix", "split"])
     assert res.exit_code == 0 and "WARN  prefix_stability" in res.output
     res = runner.invoke(app, ["doctor", "--model", str(tmp_path / "missing")])
-    assert res.exit_code == 2 and "cannot load a tokenizer" in res.output
+    assert res.exit_code == ModelLoadError.exit_code and "cannot load a tokenizer" in res.output
     res = runner.invoke(app, ["doctor", "--model", str(tmp_path / "tok"), "--parser", "nope"])
-    assert res.exit_code == 2 and "unknown parser" in res.output
+    assert res.exit_code == UsageError.exit_code and "unknown parser" in res.output
     res = runner.invoke(app, ["doctor", "--help"])
     assert res.exit_code == 0 and "Example:" in res.output
 

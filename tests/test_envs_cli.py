@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 
-import typer
 from typer.testing import CliRunner
 
-from trajtune.cli.generate import generate
 from trajtune.cli.main import app
 from trajtune.envs.builtin import BUILTIN_ENVS
+from trajtune.errors import EnvError, OutputError, UsageError
 from trajtune.schema import read_trajectories
 
 runner = CliRunner()
-gen_app = typer.Typer()
-gen_app.command()(generate)
 
 
 def test_envs_list_names_every_builtin():
@@ -35,40 +32,40 @@ def test_envs_show_prints_tools_task_and_expert():
 
 def test_envs_show_unknown_is_a_clean_error():
     r = runner.invoke(app, ["envs", "show", "nope"])
-    assert r.exit_code == 2 and "unknown environment 'nope'" in r.output and "Traceback" not in r.output
+    assert r.exit_code == EnvError.exit_code and "unknown environment 'nope'" in r.output and "Traceback" not in r.output
 
 
 def test_help_has_examples():
     for args in (["envs", "--help"], ["envs", "list", "--help"], ["envs", "show", "--help"]):
         r = runner.invoke(app, args)
         assert r.exit_code == 0 and "Example:" in r.output
-    assert "Example:" in runner.invoke(gen_app, ["--help"]).output
+    assert "Example:" in runner.invoke(app, ["data", "generate", "--help"]).output
 
 
 def test_generate_writes_ir_and_refuses_to_overwrite(tmp_path):
     out = tmp_path / "d" / "ttt.jsonl"
-    r = runner.invoke(gen_app, ["--env", "tictactoe", "--n", "4", "-o", str(out), "--split", "test", "--seed", "2"])
+    r = runner.invoke(app, ["data", "generate", "--env", "tictactoe", "--n", "4", "-o", str(out), "--split", "test", "--seed", "2"])
     assert r.exit_code == 0, r.output
     trajs = list(read_trajectories(out))
     assert len(trajs) == 4 and all(t.metadata["split"] == "test" and t.metadata["policy"] == "expert:tictactoe" for t in trajs)
     assert "4/4 expert successes" in r.output
     before = out.read_text()
-    r = runner.invoke(gen_app, ["--env", "tictactoe", "--n", "2", "-o", str(out)])
-    assert r.exit_code == 1 and "--overwrite" in r.output and out.read_text() == before
-    r = runner.invoke(gen_app, ["--env", "tictactoe", "--n", "2", "-o", str(out), "--overwrite"])
+    r = runner.invoke(app, ["data", "generate", "--env", "tictactoe", "--n", "2", "-o", str(out)])
+    assert r.exit_code == OutputError.exit_code and "--overwrite" in r.output and out.read_text() == before
+    r = runner.invoke(app, ["data", "generate", "--env", "tictactoe", "--n", "2", "-o", str(out), "--overwrite"])
     assert r.exit_code == 0 and len(list(read_trajectories(out))) == 2
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_generate_only_success_and_bad_input(tmp_path):
     out = tmp_path / "b.jsonl"
-    r = runner.invoke(gen_app, ["--env", "bandit", "--n", "30", "-o", str(out), "--only-success"])
+    r = runner.invoke(app, ["data", "generate", "--env", "bandit", "--n", "30", "-o", str(out), "--only-success"])
     assert r.exit_code == 0, r.output
     trajs = list(read_trajectories(out))
     assert trajs and all(t.outcome.success for t in trajs)
     n_ok = int(r.output.split("(")[1].split("/")[0])
     assert len(trajs) == n_ok
-    r = runner.invoke(gen_app, ["--env", "nope", "--n", "1", "-o", str(tmp_path / "x.jsonl")])
-    assert r.exit_code == 2 and "unknown environment" in r.output
-    r = runner.invoke(gen_app, ["--env", "bandit", "--n", "1", "-o", str(tmp_path / "x.jsonl"), "--split", "dev"])
-    assert r.exit_code == 2 and "train or test" in r.output
+    r = runner.invoke(app, ["data", "generate", "--env", "nope", "--n", "1", "-o", str(tmp_path / "x.jsonl")])
+    assert r.exit_code == EnvError.exit_code and "unknown environment" in r.output
+    r = runner.invoke(app, ["data", "generate", "--env", "bandit", "--n", "1", "-o", str(tmp_path / "x.jsonl"), "--split", "dev"])
+    assert r.exit_code == UsageError.exit_code and "train or test" in r.output

@@ -260,7 +260,7 @@ def test_run_episode_in_thread_and_render_default():
 
 
 def test_envs_package_does_not_import_torch():
-    # ARCHITECTURE.md: environments must not import torch (data tooling stays light)
+    # docs/architecture.md: environments must not import torch (data tooling stays light)
     import subprocess
     import sys
     code = ("import sys, trajtune.envs, trajtune.envs.runner, trajtune.sandbox, trajtune.envs.adapters.gym_text, "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trajtune.errors import OutputError
 from trajtune.eval.backends import TextBackend
 from trajtune.eval.harness import EvalSettings, run_evaluation
 from trajtune.eval.metrics import answer_key, pass_at_k, summarize, tool_call_counts
@@ -269,7 +270,7 @@ def test_resume_skips_finished_episodes(tmp_path):
     with pytest.raises(FileExistsError, match="--resume"):
         EvalStore(out, s.as_dict())
     other = EvalSettings(model="scripted", env="home", tasks=6, batch_size=2, workers=1)
-    with pytest.raises(ValueError, match="tasks: was 5, now 6"):
+    with pytest.raises(OutputError, match="tasks: was 5, now 6"):
         EvalStore(out, other.as_dict(), resume=True)
 
     calls_before = gen.counter["calls"]
@@ -383,7 +384,7 @@ def test_cli_env_home_with_tiny_model(tiny_dir, tmp_path):
     assert m["episodes"] == 2 and "pass@1" in m and "tool_call_accuracy" in m and "categories" in m
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 2
     r2 = _cli(args)
-    assert r2.exit_code == 2 and "--resume" in r2.output
+    assert r2.exit_code == OutputError.exit_code and "--resume" in r2.output
     r3 = _cli(args + ["--resume"])
     assert r3.exit_code == 0, r3.output
     assert len((out / "episodes.jsonl").read_text().splitlines()) == 2  # nothing was run again
@@ -473,3 +474,47 @@ def test_majority_votes_on_call_sets_for_bfcl_and_no_call_is_an_answer():
     # the same calls in another order are the same answer
     c = [cand(0, [("f", {"a": 1})]), cand(1, [("g", {}), ("f", {"a": 2})]), cand(2, [("f", {"a": 2}), ("g", {})])]
     assert select(get_verifier("majority"), c) == 1
+
+
+def test_cli_results_go_to_stdout_and_the_summary_to_stderr(tiny_dir, tmp_path):
+    out = tmp_path / "ev"
+    args = ["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "2", "--max-new-tokens", "8",
+            "--max-turns", "2", "--out", str(out)]
+    r = _cli(args)
+    assert r.exit_code == 0, r.output
+    printed = json.loads(r.stdout)  # `trajtune eval ... > r.json` gets exactly this document
+    saved = json.loads((out / "results.json").read_text())
+    assert printed["metrics"] == saved["metrics"] and printed["model"] == str(tiny_dir)
+    assert "episodes" in r.stderr and "success" in r.stderr and "all" in r.stderr  # the summary table
+    assert r.stdout.lstrip().startswith("{")
+    q = _cli(["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "2", "--max-new-tokens", "8",
+              "--max-turns", "2", "-q"])
+    assert q.exit_code == 0, q.output
+    assert json.loads(q.stdout)["metrics"]["episodes"] == 2
+    assert q.stderr == ""  # -q: the JSON only
+
+
+def test_resolve_max_length_never_exceeds_the_context():
+    from trajtune.eval.run import FALLBACK_MAX_LENGTH, resolve_max_length
+
+    assert resolve_max_length(None, 1024) == (1024, None)
+    assert resolve_max_length(512, 1024) == (512, None)
+    n, warning = resolve_max_length(4096, 1024)
+    assert n == 1024 and "4096" in warning and "1024" in warning
+    assert resolve_max_length(None, None) == (FALLBACK_MAX_LENGTH, None)
+    assert resolve_max_length(9000, None) == (9000, None)
+
+
+def test_cli_max_length_above_the_model_context_is_clamped_with_a_warning(tiny_dir, tmp_path):
+    context = json.loads((Path(tiny_dir) / "config.json").read_text())["max_position_embeddings"]
+    out = tmp_path / "ev"
+    r = _cli(["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "1", "--max-new-tokens", "8",
+              "--max-turns", "1", "--max-length", str(context * 4), "--out", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    assert "warning:" in r.stderr and f"above the model's context length ({context} tokens)" in r.stderr
+    assert json.loads((out / "run.json").read_text())["max_length"] == context
+    # the default is the model's context
+    r = _cli(["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "1", "--max-new-tokens", "8",
+              "--max-turns", "1", "--out", str(tmp_path / "ev2"), "-q"])
+    assert r.exit_code == 0 and "warning" not in r.stderr
+    assert json.loads((tmp_path / "ev2" / "run.json").read_text())["max_length"] == context

@@ -1,4 +1,4 @@
-"""Determinism, exact resume after a kill, atomic checkpoints (ARCHITECTURE.md contracts 3 and 5)."""
+"""Determinism, exact resume after a kill, atomic checkpoints (docs/architecture.md, contracts 3 and 5)."""
 
 from __future__ import annotations
 

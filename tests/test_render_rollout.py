@@ -1,4 +1,4 @@
-"""Provenance and no-drift contracts (ARCHITECTURE.md 1-3) on the tiny template and live rollouts."""
+"""Provenance and no-drift contracts (docs/architecture.md, contracts 1-3) on the tiny template and live rollouts."""
 
 from __future__ import annotations
 

@@ -12,15 +12,18 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from trajtune.errors import ConfigError, require_input  # ConfigError is re-exported as config.ConfigError
 from trajtune.models.loading import LoraConfig
-
-
-class ConfigError(ValueError):
-    pass
 
 
 class _C(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def non_default(self) -> set[str]:
+        """Fields whose value differs from their default. The no-op checks use this rather than "was
+        given", so a run's config.yaml (which spells out every default) loads back with --config."""
+        return {n for n, f in type(self).model_fields.items()
+                if not f.is_required() and getattr(self, n) != f.get_default(call_default_factory=True)}
 
 
 class ModelSpec(_C):
@@ -112,7 +115,7 @@ class TrainSpec(_C):
 
     @model_validator(mode="after")
     def _no_ops(self) -> "TrainSpec":
-        s = self.model_fields_set
+        s = self.non_default()
         if not self.eaft and ({"eaft_top_k", "eaft_alpha"} & s):
             raise ValueError("train.eaft_top_k / train.eaft_alpha are set but train.eaft is false: they would do nothing")
         if self.save_every and self.save_every >= self.steps:
@@ -145,9 +148,18 @@ class RolloutSpec(_C):
     batch_size: int = Field(32, gt=0)
     step_timeout_s: float = Field(30.0, gt=0)
 
+    @field_validator("parser")
+    @classmethod
+    def _known_parser(cls, v: str) -> str:
+        from trajtune.chat.parsers import available_parsers
+
+        if v != "auto" and v not in available_parsers():
+            raise ValueError(f"unknown tool-call parser {v!r}; available: auto, {', '.join(available_parsers())}")
+        return v
+
 
 class EvalSpec(_C):
-    env: EnvSpec | None = None
+    env: EnvSpec | None = Field(None, description="environment to evaluate on; an RL run defaults to its own env")
     n_tasks: int = Field(64, gt=0)
     n_samples: int = Field(1, gt=0)
     k: list[int] = Field(default_factory=lambda: [1])
@@ -180,7 +192,7 @@ class RLSpec(_C):
 
     @model_validator(mode="after")
     def _no_ops(self) -> "RLSpec":
-        s = self.model_fields_set
+        s = self.non_default()
         if self.kl_coef == 0 and "kl_estimator" in s:
             raise ValueError("rl.kl_estimator is set but rl.kl_coef is 0: no KL term would be computed")
         if self.aggregation != "seq_mean_token_sum_norm" and "norm_length" in s:
@@ -216,10 +228,20 @@ class RLRunConfig(_RunBase):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     rl: RLSpec = Field(default_factory=RLSpec)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_on_the_training_env(cls, v: Any) -> Any:
+        """An ``eval:`` section without ``env`` evaluates on the training environment, so that
+        ``--set env=workspace`` cannot silently keep evaluating on another one."""
+        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
+                and v.get("env") is not None:
+            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
+        return v
+
     @field_validator("train")
     @classmethod
     def _rl_train(cls, v: TrainSpec) -> TrainSpec:
-        if "batch_size" in v.model_fields_set:
+        if "batch_size" in v.non_default():
             raise ValueError("train.batch_size is not used by RL (a step is rl.tasks_per_step × rl.group_size episodes)")
         return v
 
@@ -273,8 +295,7 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
     if path is not None:
         p = Path(path)
         source = str(p)
-        if not p.exists():
-            raise ConfigError(f"{p}: config file not found")
+        require_input(p, "--config")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:

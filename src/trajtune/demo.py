@@ -27,7 +27,8 @@ from trajtune.models.tiny import build_tokenizer, create_tiny_model
 from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
 from trajtune.rollout import RolloutConfig
-from trajtune.schema import atomic_write_text, write_trajectories
+from trajtune.errors import RunDirError, UsageError
+from trajtune.schema import atomic_write_text, normal_permissions, write_trajectories
 from trajtune.train import prepare_run_dir, run_rl, run_sft
 
 # Sizes measured to fit the 15-minute budget on 2 CPU cores (see the README's demo section).
@@ -93,7 +94,7 @@ def select_weak_checkpoint(ckpt_root: Path, p: dict[str, Any], seed: int) -> tup
     """
     ckpts = sorted(ckpt_root.glob("step-*"), key=lambda c: int(c.name.split("-")[1]), reverse=True)
     if not ckpts:
-        raise ValueError(f"no SFT checkpoints under {ckpt_root}")
+        raise RuntimeError(f"no SFT checkpoints under {ckpt_root}")  # run_sft saved them: a bug if absent
     tasks = make_env(p["env"]).tasks("train", p["n_train"], seed=seed)[: p["weak_probe_tasks"]]
     probed: dict[int, float] = {}
     for c in ckpts:
@@ -109,8 +110,16 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     t0 = time.time()
     unknown = set(overrides) - set(DEFAULTS)
     if unknown:
-        raise ValueError(f"unknown demo setting(s): {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+        raise UsageError(f"unknown demo setting(s): {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     p = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+    fixed = p["weak_sft_steps"]
+    if fixed is not None and not 0 < fixed < p["sft_steps"]:
+        raise UsageError("weak_sft_steps must be between 0 and sft_steps")
+    existing = Path(out_dir)
+    if not overwrite and existing.exists() and any(existing.iterdir()):
+        done = "a finished demo" if (existing / "summary.json").exists() else "an unfinished demo or other files"
+        raise RunDirError(f"{existing} already holds {done}; pass --overwrite to replace it (`make demo-again` "
+                          "does), or choose another --out")
     out = prepare_run_dir(out_dir, overwrite=overwrite)
     set_seed(seed)
     env = make_env(p["env"])
@@ -130,6 +139,7 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     texts = [probe.apply_chat_template([message_to_template_dict(m) for m in t.messages],
                                        tools=tools_to_template(t.tools), tokenize=False) for t in experts[:500]]
     base = create_tiny_model(out / "base-model", texts, vocab_size=p["vocab_size"], preset=p["preset"], seed=seed)
+    normal_permissions(base)
 
     summary: dict[str, Any] = {"settings": p, "seed": seed}
     summary["success_before_sft"] = _eval(base, p, out, "base", seed)
@@ -158,9 +168,6 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
         return out / name / "final"
 
     # The under-trained checkpoint is an earlier checkpoint of the same SFT run (no second run).
-    fixed = p["weak_sft_steps"]
-    if fixed is not None and not 0 < fixed < p["sft_steps"]:
-        raise ValueError("weak_sft_steps must be between 0 and sft_steps")
     every = fixed if fixed is not None else p["weak_save_every"]
     keep = p["sft_steps"] // every + 1 if fixed is not None else p["weak_keep"]
     sft_dir = sft("sft", p["sft_steps"], save_every=every, keep_last=keep)

@@ -7,6 +7,8 @@ group advantages, reference log-probs). Both are deterministic functions of the 
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,8 +86,9 @@ class RolloutSource:
             tt = e.tokens
             tt.group = f"{step}:{k // self.group_size}"
             tts.append(tt)
+        finite = [float(t.reward or 0.0) for t in tts if math.isfinite(float(t.reward or 0.0))]
         metrics = {
-            "reward": sum(float(t.reward or 0.0) for t in tts) / len(tts),
+            "reward": sum(finite) / max(1, len(finite)),  # non-finite ones are counted by assign_advantages
             "success": sum(1.0 for e in episodes if e.trajectory.outcome and e.trajectory.outcome.success) / len(tts),
             "format_errors": sum(e.format_errors for e in episodes) / len(tts),
             "mean_len": sum(len(t) for t in tts) / len(tts),
@@ -93,6 +96,10 @@ class RolloutSource:
         tts = apply_termination_policy(tts, self.termination_policy)
         tts, adv_metrics = assign_advantages(tts, self.estimator, self.drop_equal_groups)
         metrics.update(adv_metrics)
+        if adv_metrics["nonfinite_reward_groups"]:
+            warnings.warn(f"step {step + 1}: dropped {adv_metrics['nonfinite_reward_groups']:.0f} group(s) with a "
+                          "non-finite reward (inf/NaN); check the environment's reward (metrics.jsonl: "
+                          "nonfinite_reward_groups)", RuntimeWarning, stacklevel=2)
         if self.ref_model is not None and tts:
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             add_ref_logprobs(self.ref_model, tts, pad, self.rollout.temperature if self.rollout.temperature > 0 else 1.0)

@@ -29,7 +29,8 @@ import torch
 from trajtune.algorithms.base import Objective
 from trajtune.algorithms.batch import collate
 from trajtune.chat.render import TokenTrajectory
-from trajtune.schema import atomic_write_text
+from trajtune.errors import RunDirError
+from trajtune.schema import atomic_write_text, normal_permissions
 
 
 class ExperienceSource(Protocol):
@@ -96,6 +97,16 @@ def truncate_step_log(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
 
 
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete ``step-N`` checkpoint under ``root`` (a checkpoint is complete once renamed)."""
+    ckpts = sorted(p for p in Path(root).glob("step-*") if (p / "trainer_state.json").exists())
+    return ckpts[-1] if ckpts else None
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    return int(json.loads((ckpt / "trainer_state.json").read_text())["step"])
+
+
 def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
@@ -145,6 +156,7 @@ class Learner:
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "rng": _rng_state()}, tmp / "trainer_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
+        normal_permissions(tmp)
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -160,15 +172,36 @@ class Learner:
             shutil.rmtree(old, ignore_errors=True)
 
     def latest_checkpoint(self) -> Path | None:
-        ckpts = sorted(p for p in self.ckpt_root.glob("step-*") if (p / "trainer_state.json").exists())
-        return ckpts[-1] if ckpts else None
+        return latest_checkpoint(self.ckpt_root)
+
+    def restart(self) -> None:
+        """Start a run directory again from step 0 (it died before its first checkpoint): drop its step logs."""
+        self.step = 0
+        for path in self.step_logs:
+            truncate_step_log(path, 0)
+
+    def apply_hyperparameters(self) -> None:
+        """Make the optimizer and schedule follow ``self.cfg`` from the current step on.
+
+        A checkpoint's optimizer state carries the lr, weight decay and betas it was saved with; after
+        loading it these come from the config again, so a resume with an accepted config change
+        (``--allow-config-change``) really trains with the new values. With an unchanged config the
+        values are recomputed by the same expression LambdaLR uses, so exact resume is unaffected."""
+        factor = lr_lambda(self.cfg)(self.scheduler.last_epoch)
+        self.scheduler.base_lrs = [self.cfg.lr for _ in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["initial_lr"] = self.cfg.lr
+            g["lr"] = self.cfg.lr * factor
+            g["weight_decay"] = self.cfg.weight_decay
+            g["betas"] = self.cfg.betas
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def resume(self, ckpt: Path | None = None) -> int:
         from safetensors.torch import load_file
 
         ckpt = ckpt or self.latest_checkpoint()
         if ckpt is None:
-            raise FileNotFoundError(f"no checkpoint to resume from under {self.ckpt_root}")
+            raise RunDirError(f"no checkpoint to resume from under {self.ckpt_root}")
         model = self.accelerator.unwrap_model(self.model)
         if is_peft(model):
             from peft import set_peft_model_state_dict
@@ -184,7 +217,8 @@ class Learner:
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         _set_rng_state(st["rng"])
-        self.step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+        self.step = checkpoint_step(ckpt)
+        self.apply_hyperparameters()
         for path in self.step_logs:
             truncate_step_log(path, self.step)
         return self.step
@@ -263,6 +297,7 @@ class Learner:
         model = self.accelerator.unwrap_model(self.model)
         model.save_pretrained(tmp)
         self.tok.save_pretrained(tmp)
+        normal_permissions(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

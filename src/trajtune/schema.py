@@ -1,7 +1,7 @@
 """The trajectory IR: the one record every converter produces and every algorithm consumes.
 
 Kept free of tokenizers and torch so that data tooling stays light and importable anywhere.
-The field list follows ``shared/design/FORMATS.md``; ``extra="forbid"`` everywhere except the
+The field list is documented in docs/formats.md; ``extra="forbid"`` everywhere except the
 namespaced ``extra`` dicts, so a typo in a field name is an error instead of silently dropped data.
 """
 
@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trajtune.errors import DataError, OutputError, require_input
 
 SCHEMA_VERSION = "1.0"
 SUPPORTED_SCHEMA_VERSIONS = ("1.0",)
@@ -196,7 +198,7 @@ def generate_call_ids(traj: Trajectory) -> Trajectory:
 # JSONL I/O
 
 
-class RecordError(ValueError):
+class RecordError(DataError):
     """A bad input record, located precisely enough for a user to fix it."""
 
     def __init__(self, path: str | os.PathLike[str] | None, line: int | None, message: str,
@@ -235,7 +237,7 @@ def parse_trajectory(obj: Any, path: str | os.PathLike[str] | None = None, line:
     except ValidationError as e:
         rid = obj.get("id") if isinstance(obj.get("id"), str) else None
         raise RecordError(path, line, _format_validation_error(e), rule="schema", record_id=rid,
-                          hint="see FORMATS.md for the IR fields; convert foreign formats with `trajtune data convert`") from None
+                          hint="see docs/formats.md for the IR fields; convert foreign formats with `trajtune data convert`") from None
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
@@ -244,8 +246,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
     Raises RecordError on invalid UTF-8 or JSON, naming the line.
     """
     p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{p}: no such file")
+    require_input(p)
     with p.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -277,11 +278,40 @@ def trajectory_to_json(traj: Trajectory) -> str:
     return json.dumps(traj.model_dump(mode="json", exclude_none=True, exclude_defaults=False), ensure_ascii=False)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where the OS allows (os.umask must set it to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def normal_permissions(path: str | os.PathLike[str]) -> None:
+    """Give ``path`` (recursively) the modes a plain ``open``/``mkdir`` would: 0666/0777 minus the umask.
+
+    Temp files from ``mkstemp`` (and some libraries' own atomic saves, e.g. safetensors through
+    transformers) are created 0600; renamed into place they would leave run outputs unreadable to
+    the rest of a team."""
+    mask = _umask()
+    p = Path(path)
+    targets = [p, *p.rglob("*")] if p.is_dir() else [p]
+    for t in targets:
+        if t.is_symlink():
+            continue
+        os.chmod(t, (0o777 if t.is_dir() else 0o666) & ~mask)
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write via a temp file in the same directory and rename, so readers never see half a file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -302,9 +332,10 @@ class AtomicJsonlWriter:
     def __init__(self, path: str | os.PathLike[str], overwrite: bool = False):
         self.path = Path(path)
         if self.path.exists() and not overwrite:
-            raise FileExistsError(f"{self.path} exists; pass --overwrite to replace it")
+            raise OutputError(f"{self.path} exists; pass --overwrite to replace it")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())
         self._f = os.fdopen(fd, "w", encoding="utf-8")
         self.count = 0
 

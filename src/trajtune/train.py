@@ -10,8 +10,11 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+import yaml
 
 from trajtune.algorithms.batch import fit_length
 from trajtune.algorithms.grpo import PolicyGradientObjective
@@ -22,7 +25,8 @@ from trajtune.envs.base import make_env
 from trajtune.formats import load_any
 from trajtune.eval.run import evaluate
 from trajtune.experience import DatasetSource, RolloutSource
-from trajtune.learner import Learner, LearnerConfig, set_seed
+from trajtune.errors import DataError, Interrupted, RunDirError, UsageError, require_input
+from trajtune.learner import Learner, LearnerConfig, checkpoint_step, latest_checkpoint, set_seed
 from trajtune.models.loading import load_model, load_tokenizer
 from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
@@ -30,34 +34,149 @@ from trajtune.rollout import RolloutConfig
 from trajtune.schema import Trajectory, atomic_write_text
 
 
-class RunDirError(FileExistsError):
-    pass
+@dataclass
+class RunState:
+    """What an output directory holds, so a command can refuse, continue or report it correctly."""
+
+    path: Path
+    status: Literal["new", "foreign", "started", "checkpointed", "finished"]
+    step: int = 0  # the latest checkpoint's step, or the finished run's step
+    kind: str | None = None  # "sft" / "rl" from run.json
 
 
-def check_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
+def inspect_run_dir(path: str | Path) -> RunState:
+    """``new`` (absent or empty), ``foreign`` (not a trajtune run), ``started`` (killed before its first
+    checkpoint), ``checkpointed`` (unfinished, resumable) or ``finished`` (final model and result.json)."""
+    p = Path(path)
+    if not p.exists() or not any(p.iterdir()):
+        return RunState(p, "new")
+    if not (p / "config.yaml").exists():
+        return RunState(p, "foreign")
+    kind = None
+    if (p / "run.json").exists():
+        kind = json.loads((p / "run.json").read_text()).get("kind")
+    if (p / "result.json").exists() and (p / "final").is_dir():
+        return RunState(p, "finished", int(json.loads((p / "result.json").read_text()).get("step", 0)), kind)
+    ckpt = latest_checkpoint(p / "checkpoints")
+    if ckpt is not None:
+        return RunState(p, "checkpointed", checkpoint_step(ckpt), kind)
+    return RunState(p, "started", 0, kind)
+
+
+def check_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> RunState:
     """Refuse to clobber an existing run unless told: --overwrite replaces it, --resume continues it.
 
-    Called before any expensive or writing work, so a refused run leaves nothing behind."""
-    p = Path(path)
+    Called before any expensive or writing work, so a refused run leaves nothing behind. The message
+    says what the directory holds and which flag does what with it."""
     if overwrite and resume:
-        raise RunDirError("--overwrite and --resume exclude each other")
-    exists = p.exists() and any(p.iterdir())
-    if exists and not (resume or overwrite):
-        raise RunDirError(f"output directory {p} already exists and is not empty; "
-                          "pass --overwrite to replace it or --resume to continue it")
-    if resume and not exists:
-        raise RunDirError(f"--resume: {p} has no run to resume")
-    return p
+        raise UsageError("--overwrite and --resume exclude each other")
+    st = inspect_run_dir(path)
+    p = st.path
+    if resume:
+        if st.status == "new":
+            raise RunDirError(f"--resume: {p} has no run to resume; run without --resume to start one")
+        if st.status == "foreign":
+            raise RunDirError(f"--resume: {p} is not a trajtune run directory (no config.yaml); nothing to resume")
+        return st
+    if st.status == "new" or overwrite:
+        return st
+    if st.status == "finished":
+        why = (f"holds a finished run (step {st.step}); pass --overwrite to replace it, or train further in a new "
+               f"run with --set model={p / 'final'} --set output_dir=NEW_DIR")
+    elif st.status == "checkpointed":
+        why = (f"holds an unfinished run (latest checkpoint: step {st.step}); pass --resume to continue it, "
+               "or --overwrite to delete it and start again")
+    elif st.status == "started":
+        why = ("holds a run that stopped before its first checkpoint; pass --resume to start it again from "
+               "step 0 in place, or --overwrite to delete it and start again")
+    else:
+        why = "is not empty; pass --overwrite to replace it or choose another output_dir"
+    raise RunDirError(f"output directory {p} already exists and {why}")
 
 
 def prepare_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
-    p = check_run_dir(path, overwrite, resume)
+    p = check_run_dir(path, overwrite, resume).path
     if resume:
         return p
     if p.exists() and any(p.iterdir()):
         shutil.rmtree(p)
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+#: Keys a resume may change silently: the run directory is found through output_dir, so a moved
+#: directory (or a config that names it differently) is still the same run.
+RESUME_FREE_KEYS = {"output_dir"}
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict) or not d:
+        return {prefix: d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old, new) for every value that differs (absent keys count as None)."""
+    a, b = _flatten(old), _flatten(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if k not in RESUME_FREE_KEYS and a.get(k) != b.get(k)}
+
+
+def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
+    return "\n".join(f"  {k}: {json.dumps(o, default=str)} → {json.dumps(n, default=str)}" for k, (o, n) in diff.items())
+
+
+def check_resume_config(st: RunState, cfg: SFTRunConfig | RLRunConfig, kind: str,
+                        allow_change: bool) -> dict[str, tuple[Any, Any]]:
+    """Compare the requested config with the run's config.yaml; refuse a silent change.
+
+    Returns the accepted diff (empty when nothing changed). Raises RunDirError when the run is of
+    another kind, when the config changed without ``allow_change``, or when a finished run would have
+    to be continued (its final model has no optimizer state to continue from)."""
+    p = st.path
+    if st.kind is not None and st.kind != kind:
+        raise RunDirError(f"--resume: {p} holds a {st.kind} run, not {kind}")
+    old = yaml.safe_load((p / "config.yaml").read_text()) or {}
+    try:  # fill keys a newer trajtune added (with their defaults), so only real changes show
+        old = type(cfg).model_validate(old).model_dump(mode="json")
+    except ValueError:  # a config.yaml an older version wrote with keys since removed: compare as stored
+        pass
+    diff = config_diff(old, cfg.model_dump(mode="json"))
+    if st.status == "finished" and diff:
+        raise RunDirError(f"--resume: {p} holds a finished run (step {st.step}) and the config differs from its "
+                          f"config.yaml:\n{format_diff(diff)}\na finished run is not continued; train further in a "
+                          f"new run with --set model={p / 'final'} --set output_dir=NEW_DIR")
+    if diff and not allow_change:
+        raise RunDirError(f"--resume: the config differs from {p / 'config.yaml'}:\n{format_diff(diff)}\n"
+                          "resume with the same config, or pass --allow-config-change to apply the new values "
+                          "from the resumed step on (the change is logged in config_changes.jsonl)")
+    if diff and cfg.train.steps < st.step:
+        raise RunDirError(f"--resume: train.steps ({cfg.train.steps}) is below the step of the latest checkpoint "
+                          f"({st.step})")
+    return diff
+
+
+def record_config_change(out: Path, cfg: Any, step: int, diff: dict[str, tuple[Any, Any]]) -> None:
+    """Append the accepted change to config_changes.jsonl and make config.yaml hold the values in force."""
+    line = json.dumps({"step": step, "time": time.time(),
+                       "changes": {k: {"old": o, "new": n} for k, (o, n) in diff.items()}}, default=str)
+    with (out / "config_changes.jsonl").open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+    atomic_write_text(out / "config.yaml", dump_config(cfg))
+
+
+def open_run(cfg: SFTRunConfig | RLRunConfig, kind: str, overwrite: bool, resume: bool,
+             allow_change: bool) -> tuple[RunState, dict[str, tuple[Any, Any]]]:
+    """All run-directory checks, before any model is loaded: refusals, config comparison on resume."""
+    if allow_change and not resume:
+        raise UsageError("--allow-config-change only applies with --resume")
+    st = check_run_dir(cfg.output_dir, overwrite, resume)
+    if not resume:  # a new run, or one --overwrite replaces
+        return RunState(st.path, "new"), {}
+    return st, check_resume_config(st, cfg, kind, allow_change)
 
 
 def iter_data(path: str, fmt: str | None, skip_invalid: bool = False) -> Iterator[Trajectory]:
@@ -106,8 +225,11 @@ def _write_common(out: Path, cfg: Any, kind: str) -> None:
 
 
 def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
-            stop_after: int | None = None) -> dict[str, Any]:
-    check_run_dir(cfg.output_dir, overwrite, resume)
+            allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    st, diff = open_run(cfg, "sft", overwrite, resume, allow_config_change)
+    if st.status == "finished":
+        return _already_finished(st, quiet)
+    require_input(cfg.data.path, "data.path")
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     renderer = ChatRenderer(tok, cfg.render.to_render_config(train_on=cfg.data.train_on))
@@ -118,7 +240,7 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
             break
         trajs.append(t)
     if not trajs:
-        raise ValueError(f"{cfg.data.path}: no training records")
+        raise DataError(f"{cfg.data.path}: no training records")
     tts = []
     with bar("render", len(trajs), enabled=not quiet) as adv:
         for t in trajs:
@@ -130,14 +252,12 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     n_rendered = len(tts)
     tts, n_cut = fit_length(tts, cfg.data.max_length, cfg.data.truncation)
     if n_rendered and not tts:
-        raise ValueError(f"all {n_rendered} samples are longer than data.max_length ({cfg.data.max_length}) and "
+        raise DataError(f"all {n_rendered} samples are longer than data.max_length ({cfg.data.max_length}) and "
                          "were dropped; raise data.max_length or set data.truncation: truncate")
     tts = [t for t in tts if any(w > 0 for w in t.weight)]
     if not tts:
-        raise ValueError("no trajectory has a trained token (check data.train_on and the records' train flags)")
-    out = prepare_run_dir(cfg.output_dir, overwrite, resume)
-    if not resume:
-        _write_common(out, cfg, "sft")
+        raise DataError("no trajectory has a trained token (check data.train_on and the records' train flags)")
+    out = _start_run(cfg, "sft", st, diff, overwrite, resume)
     model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
     source = DatasetSource(tts, cfg.train.batch_size, cfg.seed)
     rollout = RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
@@ -145,22 +265,22 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     learner = Learner(model, tok, SFTObjective(cfg.train.eaft, cfg.train.eaft_top_k, cfg.train.eaft_alpha), source,
                       learner_config(cfg, min(cfg.train.micro_batch_size, cfg.train.batch_size)), out,
                       eval_hook=hook, stop_after=stop_after)
-    return _train_and_finish(learner, cfg, out, "sft", resume, quiet, hook,
+    return _train_and_finish(learner, cfg, out, "sft", st, quiet, hook,
                              {"train_records": len(tts), "truncated_or_dropped": n_cut})
 
 
 def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
-           stop_after: int | None = None) -> dict[str, Any]:
-    check_run_dir(cfg.output_dir, overwrite, resume)
+           allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    st, diff = open_run(cfg, "rl", overwrite, resume, allow_config_change)
+    if st.status == "finished":
+        return _already_finished(st, quiet)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     renderer = ChatRenderer(tok, cfg.render.to_render_config())
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
-    make_env(env_name, **kwargs)  # fail fast on an unknown environment
-    out = prepare_run_dir(cfg.output_dir, overwrite, resume)
-    if not resume:
-        _write_common(out, cfg, "rl")
+    make_env(env_name, **kwargs)  # fail fast on an unknown environment (EnvError)
+    out = _start_run(cfg, "rl", st, diff, overwrite, resume)
     model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
     ref = None
     if cfg.rl.kl_coef > 0:
@@ -186,18 +306,60 @@ def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, q
     learner = Learner(model, tok, objective, source, learner_config(cfg, cfg.train.micro_batch_size), out,
                       eval_hook=hook, stop_after=stop_after)
     learner.step_logs.append(episodes_path)
-    return _train_and_finish(learner, cfg, out, "rl", resume, quiet, hook, {})
+    return _train_and_finish(learner, cfg, out, "rl", st, quiet, hook, {})
 
 
-def _train_and_finish(learner: Learner, cfg: SFTRunConfig | RLRunConfig, out: Path, kind: str, resume: bool,
+def _already_finished(st: RunState, quiet: bool) -> dict[str, Any]:
+    """--resume on a finished run with an unchanged config: nothing to train; report its result."""
+    if not quiet:
+        console.print(f"{st.path} already finished at step {st.step}; nothing to resume (result.json below)",
+                      soft_wrap=True)
+    return {**json.loads((st.path / "result.json").read_text()), "already_finished": True}
+
+
+def _start_run(cfg: Any, kind: str, st: RunState, diff: dict[str, tuple[Any, Any]], overwrite: bool,
+               resume: bool) -> Path:
+    """Create (or keep, on resume) the run directory; write the config, or record an accepted change.
+
+    The environments are made first, so an unknown name or bad argument (EnvError) is refused
+    before anything is written."""
+    if cfg.eval is not None and cfg.eval.env is not None:
+        make_env(cfg.eval.env.name, **cfg.eval.env.kwargs)
+    out = prepare_run_dir(cfg.output_dir, overwrite, resume)
+    if not resume:
+        _write_common(out, cfg, kind)
+    elif diff:
+        record_config_change(out, cfg, st.step, diff)
+    return out
+
+
+def _resume(learner: Learner, quiet: bool) -> None:
+    """Continue from the latest checkpoint, or from step 0 when the run died before its first one."""
+    if learner.latest_checkpoint() is not None:
+        learner.resume()
+        return
+    learner.restart()
+    if not quiet:
+        console.print(f"no checkpoint in {learner.out}: the run stopped before its first one; starting again "
+                      "from step 0", soft_wrap=True)
+
+
+def _train_and_finish(learner: Learner, cfg: SFTRunConfig | RLRunConfig, out: Path, kind: str, st: RunState,
                       quiet: bool, hook: Any, extra: dict[str, Any]) -> dict[str, Any]:
     """The loop with its progress bar, then the artifacts: final model, plot, result.json."""
-    if resume:
-        learner.resume()
+    if st.status in ("started", "checkpointed"):
+        _resume(learner, quiet)
     shown = ("loss", "token_accuracy") if kind == "sft" else ("reward", "success")
-    with bar(kind, cfg.train.steps, enabled=not quiet) as adv:
-        adv(learner.step)
-        last = learner.fit(lambda s, r: adv(1, **{k: r.get(k, 0.0) for k in shown}))
+    try:
+        with bar(kind, cfg.train.steps, enabled=not quiet) as adv:
+            adv(learner.step)
+            last = learner.fit(lambda s, r: adv(1, **{k: r.get(k, 0.0) for k in shown}))
+    except KeyboardInterrupt:
+        ckpt = learner.latest_checkpoint()
+        kept = (f"its latest checkpoint is step {checkpoint_step(ckpt)}" if ckpt is not None
+                else "there is no checkpoint yet, so it starts again from step 0")
+        raise Interrupted(f"interrupted at step {learner.step}; continue with --resume ({kept}; "
+                          f"run dir {out})") from None
     if learner.step < cfg.train.steps:  # stopped early (testing aid): leave a resumable checkpoint only
         learner.save_checkpoint()
         return {"step": learner.step, "stopped": True}

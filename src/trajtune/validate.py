@@ -1,4 +1,4 @@
-"""The validation rules of FORMATS.md, with stable rule ids, severities and fix hints.
+"""The validation rules of docs/formats.md, with stable rule ids, severities and fix hints.
 
 Rule ids carry their default severity (``E…`` error, ``W…`` warning). A finding's ``severity``
 may differ from the id's letter in one documented case: ``W215`` (tool results out of order) is
@@ -54,7 +54,7 @@ _RULES = [
     Rule("W108", "bom", "file starts with a UTF-8 byte-order mark", "save the file as UTF-8 without BOM"),
     Rule("W109", "conversion-warning", "the converter had to interpret suspicious input", "inspect the record; see the message"),
     Rule("E110", "convert-failed", "record does not fit the declared format", "check the record against the format's shape"),
-    Rule("E111", "wrong-type", "a field has the wrong type", "fix the field's type (see FORMATS.md)"),
+    Rule("E111", "wrong-type", "a field has the wrong type", "fix the field's type (see docs/formats.md)"),
     # trajectory structure
     Rule("E201", "id-empty", "trajectory id missing or empty", "give every trajectory a non-empty string id"),
     Rule("E202", "schema-version", "schema_version not supported", f"use schema_version {SUPPORTED_SCHEMA_VERSIONS[-1]!r}"),

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 
 from trajtune.chat.render import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
+from trajtune.errors import DataError
 
 
 @dataclass
@@ -87,8 +88,8 @@ def fit_length(tts: list[TokenTrajectory], max_length: int, mode: Truncation) ->
             kept.append(t)
             continue
         affected += 1
-        if mode == "error":
-            raise ValueError(
+        if mode == "error":  # the user's choice (data.truncation: error): a data error, not a bug
+            raise DataError(
                 f"trajectory {t.traj_id!r} has {len(t)} tokens > max_length {max_length}; "
                 "raise max_length or set truncation: drop | truncate"
             )

@@ -1,5 +1,5 @@
 """Online RL pieces: group advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), DAPO switches, and the
-clipped policy-gradient objective with optional KL to a reference (ALGORITHMS.md).
+clipped policy-gradient objective with optional KL to a reference (docs/algorithms.md).
 
 Observation and prompt tokens never carry loss: the mask is source == policy, so multi-turn
 trajectories train only on what the policy sampled.
@@ -7,6 +7,7 @@ trajectories train only on what the policy sampled.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -86,15 +87,23 @@ def apply_termination_policy(tts: list[TokenTrajectory],
 
 def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
                       drop_equal_groups: bool = False) -> tuple[list[TokenTrajectory], dict[str, float]]:
-    """Group by ``group`` (the task), compute advantages, broadcast them to policy tokens."""
+    """Group by ``group`` (the task), compute advantages, broadcast them to policy tokens.
+
+    A group holding a non-finite reward (inf or NaN, e.g. from a buggy reward function) is dropped
+    whole and counted in ``nonfinite_reward_groups``: one such reward makes the group's mean and std
+    non-finite, so every advantage of the group would be NaN and one optimizer step would turn the
+    weights into NaN."""
     groups: dict[str, list[TokenTrajectory]] = defaultdict(list)
     for t in tts:
         groups[t.group or t.traj_id].append(t)
     kept: list[TokenTrajectory] = []
-    n_equal = 0
+    n_equal = n_nonfinite = 0
     scalar: dict[int, float] = {}
     for members in groups.values():
         rewards = [float(t.reward or 0.0) for t in members]
+        if not all(math.isfinite(r) for r in rewards):
+            n_nonfinite += 1
+            continue
         if max(rewards) == min(rewards):
             n_equal += 1
             if drop_equal_groups:
@@ -110,7 +119,8 @@ def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
     for t in kept:
         a = scalar[id(t)]
         t.advantages = [a if s == SOURCE_POLICY else 0.0 for s in t.source]
-    return kept, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal)}
+    return kept, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal),
+                  "nonfinite_reward_groups": float(n_nonfinite)}
 
 
 @dataclass

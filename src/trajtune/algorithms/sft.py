@@ -1,4 +1,4 @@
-"""Supervised objectives: one cross-entropy with per-token weights (ALGORITHMS.md).
+"""Supervised objectives: one cross-entropy with per-token weights (docs/algorithms.md).
 
 Assistant-only SFT is the renderer's weights as they are (policy tokens, end-of-turn included;
 ``train_on`` picks all turns, the last one or the per-message hints). EAFT multiplies each

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
+from trajtune.errors import EnvError
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
 
 INSTALL_HINT = ("pip install 'trajtune[textworld]'  (TextWorld 1.6-1.7 builds its game engine with gcc/make; "
@@ -52,7 +53,7 @@ TOOLS = [
 MAX_COMMAND_CHARS = 200
 
 
-class TextWorldNotInstalledError(ImportError):
+class TextWorldNotInstalledError(EnvError, ImportError):
     """The optional ``textworld`` package is missing."""
 
 
@@ -154,7 +155,7 @@ class TextWorldEnv(Environment):
     def __init__(self, nb_rooms: int = 3, nb_objects: int = 6, quest_length: int = 4, max_steps: int = 40,
                  game_dir: str | os.PathLike[str] | None = None, backend: TextWorldBackend | None = None) -> None:
         if min(nb_rooms, quest_length) < 1 or nb_objects < 0:
-            raise ValueError("nb_rooms and quest_length must be >= 1 and nb_objects >= 0")
+            raise EnvError("textworld: nb_rooms and quest_length must be >= 1 and nb_objects >= 0")
         self.nb_rooms, self.nb_objects, self.quest_length = nb_rooms, nb_objects, quest_length
         self.max_steps = max_steps
         self.max_turns = max_steps + 1

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from trajtune import errors
 from trajtune.chat.profile import (
     PROBE_CALL_ID,
     PROBE_TOOL,
@@ -41,7 +42,7 @@ SOURCE_PROMPT, SOURCE_POLICY, SOURCE_ENV, SOURCE_PAD = 0, 1, 2, 3
 SOURCE_NAMES = {SOURCE_PROMPT: "prompt", SOURCE_POLICY: "policy", SOURCE_ENV: "env", SOURCE_PAD: "pad"}
 
 
-class RenderError(ValueError):
+class RenderError(errors.RenderError):
     """The template cannot be rendered in a way that keeps the provenance contract."""
 
 

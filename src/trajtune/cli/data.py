@@ -2,7 +2,8 @@
 
 Commands are thin: the logic lives in ``trajtune.formats`` and ``trajtune.validate``. Every command
 streams its input, writes outputs atomically and refuses to replace an existing output without
-``--overwrite``. User errors end with a one-line message and a non-zero exit, never a traceback.
+``--overwrite``. User errors are ``trajtune.errors.UserError``s (one line and the documented exit
+code, see ``trajtune --help``), never a traceback. Every output is named with ``--out/-o``.
 (A ``generate`` command — synthesising trajectories from environments — is added by another module.)
 """
 
@@ -22,9 +23,10 @@ from typing import Any, Optional
 
 import typer
 
-from trajtune.formats import FormatDetectionError, LoadStats, canonical_json, get_format, iter_records
+from trajtune.errors import DataError, ModelLoadError, OutputError, UsageError, require_input
+from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES
-from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
+from trajtune.schema import AtomicJsonlWriter, Trajectory
 
 data_app = typer.Typer(
     help="Validate, convert and prepare trajectory datasets.\n\nExample: trajtune data validate data.jsonl",
@@ -39,44 +41,41 @@ SkipOpt = typer.Option(False, "--skip-invalid", help="Skip invalid records (coun
 MaxLineOpt = typer.Option(DEFAULT_MAX_LINE_BYTES // (1024 * 1024), "--max-line-mb", help="Longest accepted line, in MiB.")
 
 
-def _fail(message: str, code: int = 1) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 @contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn expected user errors into one-line messages (no tracebacks)."""
+def _path_errors() -> Iterator[None]:
+    """An input path that is a directory or unreadable is a data error, reported with its name."""
     try:
         yield
-    except typer.Exit:
-        raise
-    except RecordError as e:
-        _fail(str(e))
-    except FileExistsError as e:
-        _fail(str(e).strip("'\""))
-    except FileNotFoundError as e:
-        _fail(f"{e.filename or e}: no such file" if e.filename else str(e))
-    except IsADirectoryError as e:
-        _fail(f"{e.filename}: is a directory")
-    except FormatDetectionError as e:
-        _fail(str(e))
+    except (IsADirectoryError, PermissionError) as e:
+        raise DataError(f"{e.filename}: {e.strerror}") from None
+
+
+def _input(path: Path) -> Path:
+    """The same check, message and exit code for a missing input file in every command."""
+    require_input(path)
+    if not path.is_file():
+        raise DataError(f"{path}: not a file")
+    return path
+
+
+def _format(name: str) -> Any:
+    """The converter for ``name``; an unknown name is a usage error (``get_format`` raises KeyError)."""
+    try:
+        return get_format(name)
     except KeyError as e:
-        _fail(str(e.args[0]) if e.args else str(e))
-    except ValueError as e:
-        _fail(str(e))
+        raise UsageError(str(e.args[0]) if e.args else str(e)) from None
 
 
 def _check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
     if out.exists() and not overwrite:
-        _fail(f"{out} exists; pass --overwrite to replace it")
+        raise OutputError(f"{out} exists; pass --overwrite to replace it")
     for i in inputs:
         if i.exists() and out.exists() and i.resolve() == out.resolve():
-            _fail(f"output {out} is also an input; write to a new file")
+            raise UsageError(f"output {out} is also an input; write to a new file")
 
 
 def _exporter(to: str) -> Callable[[Trajectory], tuple[Any, Any]]:
-    return get_format(to).from_ir
+    return _format(to).from_ir
 
 
 def _print_skips(stats: LoadStats, label: str = "") -> None:
@@ -103,7 +102,7 @@ def validate(
     max_rows: int = typer.Option(200, "--max-rows", help="Most findings shown in the table (all are counted)."),
     max_line_mb: int = MaxLineOpt,
 ) -> None:
-    """Check trajectory files against the FORMATS.md rules; exit 1 on any error.
+    """Check trajectory files against the validation rules (docs/formats.md); exit 1 on any error.
 
     Example: trajtune data validate train.jsonl --strict
     """
@@ -112,12 +111,11 @@ def validate(
     report: list[dict[str, Any]] = []
     rows: list[Any] = []
     any_bad = False
-    with _user_errors():
+    with _path_errors():
         if format:
-            get_format(format)
+            _format(format)
         for path in files:
-            if not path.is_file():
-                _fail(f"{path}: no such file", 2)
+            _input(path)
             stats: dict[str, int] = {}
             counts = Counter()
             findings = []
@@ -169,7 +167,7 @@ def _print_findings_table(rows: list[Any], report: list[dict[str, Any]], max_row
 @data_app.command()
 def convert(
     input: Path = typer.Argument(..., help="Input JSONL file."),
-    output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file (written atomically)."),
+    output: Path = typer.Option(..., "--out", "-o", help="Output JSONL file (written atomically)."),
     to: str = typer.Option(..., "--to", "-t", help="Output format: ir, openai, adp, sharegpt, xlam, react, hermes, …"),
     format: Optional[str] = FromOpt,
     skip_invalid: bool = SkipOpt,
@@ -180,13 +178,12 @@ def convert(
 
     Example: trajtune data convert agent.jsonl --from sharegpt --to openai -o agent.openai.jsonl
     """
-    with _user_errors():
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+    with _path_errors():
+        _input(input)
         _check_output(output, overwrite, [input])
         export = _exporter(to)
         if format:
-            get_format(format)
+            _format(format)
         stats = LoadStats()
         losses = Counter()
         warnings = 0
@@ -232,7 +229,7 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
     if getattr(tok, "chat_template", None):
         try:
             ids = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=True)
-            if isinstance(ids, dict):
+            if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding (a mapping, not a dict)
                 ids = ids["input_ids"]
             return len(ids)
         except Exception:  # a template that rejects this shape: count the plain text instead
@@ -258,9 +255,8 @@ def stats(
     from trajtune.validate import validate_trajectory
 
     tok = None
-    with _user_errors():
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+    with _path_errors():
+        _input(input)
         if model:
             from trajtune.models.errors import ModelLoadError
             from trajtune.models.resolve import resolve_model
@@ -270,9 +266,10 @@ def stats(
 
                 tok = AutoTokenizer.from_pretrained(resolve_model(model).path)
             except ModelLoadError as e:  # says its own fix
-                _fail(f"could not load tokenizer {model!r}: {e}")
+                raise ModelLoadError(f"could not load tokenizer {model!r}: {e}") from None
             except Exception as e:  # missing/invalid tokenizer is a user error
-                _fail(f"could not load tokenizer {model!r}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                raise ModelLoadError(f"could not load tokenizer {model!r}: {type(e).__name__}: "
+                                     f"{str(e).splitlines()[0][:200]}") from None
         ls = LoadStats()
         roles = Counter()
         tools = Counter()
@@ -355,20 +352,20 @@ def stats(
 def _parse_source(spec: str) -> tuple[Path, float]:
     path, sep, w = spec.rpartition(":")
     if not sep or not path:
-        raise ValueError(f"source {spec!r} must be PATH:WEIGHT, e.g. a.jsonl:0.7")
+        raise UsageError(f"source {spec!r} must be PATH:WEIGHT, e.g. a.jsonl:0.7")
     try:
         weight = float(w)
     except ValueError:
-        raise ValueError(f"weight {w!r} in {spec!r} is not a number") from None
+        raise UsageError(f"weight {w!r} in {spec!r} is not a number") from None
     if not weight > 0:
-        raise ValueError(f"weight in {spec!r} must be > 0")
+        raise UsageError(f"weight in {spec!r} must be > 0")
     return Path(path), weight
 
 
 @data_app.command()
 def mix(
     sources: list[str] = typer.Argument(..., help="Sources as PATH:WEIGHT (weights are normalised)."),
-    output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file."),
+    output: Path = typer.Option(..., "--out", "-o", help="Output JSONL file."),
     seed: int = typer.Option(0, "--seed", help="Random seed (same seed + inputs = same output)."),
     n: Optional[int] = typer.Option(None, "--n", help="Records to write (default: the most the weights allow without repeats)."),
     replace: bool = typer.Option(False, "--replace", help="Sample with replacement when a source is too small for --n."),
@@ -381,11 +378,10 @@ def mix(
 
     Example: trajtune data mix react.jsonl:0.7 cot.jsonl:0.3 -o mixed.jsonl --seed 1
     """
-    with _user_errors():
+    with _path_errors():
         parsed = [_parse_source(s) for s in sources]
         for p, _ in parsed:
-            if not p.is_file():
-                _fail(f"{p}: no such file", 2)
+            _input(p)
         _check_output(output, overwrite, [p for p, _ in parsed])
         export = _exporter(to)
         total_w = sum(w for _, w in parsed)
@@ -402,9 +398,9 @@ def mix(
         for c, (p, w) in zip(counts, parsed):
             k = round(n * w / total_w)
             if k > c and not replace:
-                _fail(f"{p} has {c} records but {k} are needed for --n {n}; lower --n or pass --replace")
+                raise UsageError(f"{p} has {c} records but {k} are needed for --n {n}; lower --n or pass --replace")
             if c == 0 and k > 0:
-                _fail(f"{p} has no valid records")
+                raise DataError(f"{p} has no valid records")
             idx = sorted(rng.choices(range(c), k=k)) if k > c else sorted(rng.sample(range(c), k))
             chosen.append(idx)
         picked: list[Trajectory] = []
@@ -435,7 +431,7 @@ def _bucket(key: str, seed: int) -> float:
 @data_app.command()
 def split(
     input: Path = typer.Argument(..., help="Input JSONL file."),
-    out_dir: Path = typer.Option(..., "--out-dir", "-o", help="Directory for the split files (NAME.jsonl)."),
+    out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the split files (NAME.jsonl)."),
     ratios: str = typer.Option("train=0.9,val=0.1", "--ratios", help="NAME=FRACTION,… (normalised)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the id hash."),
     to: str = typer.Option("ir", "--to", "-t", help="Output format."),
@@ -447,20 +443,19 @@ def split(
 
     Example: trajtune data split all.jsonl -o splits/ --ratios train=0.8,val=0.1,test=0.1
     """
-    with _user_errors():
+    with _path_errors():
         parts: list[tuple[str, float]] = []
         for item in ratios.split(","):
             name, sep, frac = item.partition("=")
             if not sep or not re.fullmatch(r"[\w.-]+", name.strip()):
-                _fail(f"bad --ratios entry {item!r}; use NAME=FRACTION")
+                raise UsageError(f"bad --ratios entry {item!r}; use NAME=FRACTION")
             try:
                 parts.append((name.strip(), float(frac)))
             except ValueError:
-                _fail(f"bad fraction in {item!r}")
+                raise UsageError(f"bad fraction in {item!r}") from None
         if any(f < 0 for _, f in parts) or sum(f for _, f in parts) <= 0:
-            _fail("fractions must be >= 0 and sum to more than 0")
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+            raise UsageError("fractions must be >= 0 and sum to more than 0")
+        _input(input)
         outs = [out_dir / f"{name}.jsonl" for name, _ in parts]
         for o in outs:
             _check_output(o, overwrite, [input])
@@ -515,7 +510,7 @@ def dedup_key(traj: Trajectory, mode: str) -> bytes:
 @data_app.command()
 def dedup(
     input: Path = typer.Argument(..., help="Input JSONL file."),
-    output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file."),
+    output: Path = typer.Option(..., "--out", "-o", help="Output JSONL file."),
     mode: str = typer.Option("normalized", "--mode", help="exact (same messages and calls) or normalized (case/whitespace-insensitive text)."),
     to: str = typer.Option("ir", "--to", "-t", help="Output format."),
     format: Optional[str] = FromOpt,
@@ -527,11 +522,10 @@ def dedup(
     Example: trajtune data dedup all.jsonl -o unique.jsonl --mode normalized
     """
     if mode not in ("exact", "normalized", "normalised"):
-        _fail(f"--mode must be exact or normalized, got {mode!r}")
+        raise UsageError(f"--mode must be exact or normalized, got {mode!r}")
     mode = "normalized" if mode == "normalised" else mode
-    with _user_errors():
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+    with _path_errors():
+        _input(input)
         _check_output(output, overwrite, [input])
         export = _exporter(to)
         seen: set[bytes] = set()

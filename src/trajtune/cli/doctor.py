@@ -28,8 +28,8 @@ def doctor_cmd(
     or Hermes/Llama-3-JSON/pythonic text for templates without tool support) and why, the
     adaptations made (system prompt folded, tool results as user turns, ...), prefix stability,
     generation-marker coverage, assistant mask vs provenance, tool-call round trip, end-of-turn
-    token per turn type, system prompt and tools, thinking handling. Exits 1 if a check fails, 2
-    on bad input.
+    token per turn type, system prompt and tools, thinking handling. Exits 1 if a check fails;
+    bad input exits with the code of its error kind (see `trajtune --help`).
 
     Example: trajtune doctor --model smollm2-135m
 
@@ -37,43 +37,35 @@ def doctor_cmd(
     """
     from trajtune.chat.doctor import check_template, report_json
     from trajtune.cli.eval_cmd import render_overrides
-    from trajtune.config import ConfigError, load_render
+    from trajtune.config import load_render
+    from trajtune.errors import DataError, ModelLoadError, UsageError, require_input
+    from trajtune.models.resolve import resolve_model
 
     if non_prefix not in ("error", "split"):
-        typer.echo(f"error: --non-prefix must be 'error' or 'split', got {non_prefix!r}", err=True)
-        raise typer.Exit(2)
-    try:
-        options = render_overrides(set_)
-        options.setdefault("non_prefix", non_prefix)
-        config = load_render(options).to_render_config()
-    except ConfigError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2)
+        raise UsageError(f"--non-prefix must be 'error' or 'split', got {non_prefix!r}")
+    options = render_overrides(set_)
+    options.setdefault("non_prefix", non_prefix)
+    config = load_render(options).to_render_config()
     if parser is not None and parser not in available_parsers():
-        typer.echo(f"error: unknown parser {parser!r}; available: {', '.join(available_parsers())}", err=True)
-        raise typer.Exit(2)
+        raise UsageError(f"unknown parser {parser!r}; available: {', '.join(available_parsers())}")
     chat_template = None
     if template is not None:
         try:
-            chat_template = template.read_text(encoding="utf-8")
-        except OSError as e:
-            typer.echo(f"error: cannot read --template {template}: {e.strerror or e}", err=True)
-            raise typer.Exit(2)
-    from trajtune.models.errors import ModelLoadError
-    from trajtune.models.resolve import resolve_model
-
+            chat_template = require_input(template, "--template").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataError(f"cannot read --template {template}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        path = resolve_model(model).path
+    except ModelLoadError as e:  # unknown alias, missing or corrupt GGUF, missing package: says its own fix
+        raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {e}") from None
     try:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(resolve_model(model).path)
-    except ModelLoadError as e:  # unknown alias, missing or corrupt GGUF, missing package: says its own fix
-        typer.echo(f"error: cannot load a tokenizer from --model {model!r}: {e}", err=True)
-        raise typer.Exit(2)
+        tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # missing path, no network, not a tokenizer: a user error, not a traceback
-        typer.echo(f"error: cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e}\n"
-                   "hint: pass a local directory containing tokenizer.json / tokenizer_config.json, "
-                   "or a Hugging Face id (needs network access or a cached copy)", err=True)
-        raise typer.Exit(2)
+        raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e} (hint: pass a "
+                             "local directory containing tokenizer.json / tokenizer_config.json, or a Hugging Face "
+                             "id; it needs network access or a cached copy)") from None
     report = check_template(tok, chat_template=chat_template, parser=parser, config=config)
     typer.echo(report_json(report) if as_json else report.format_text())
     raise typer.Exit(0 if report.ok else 1)

@@ -51,15 +51,12 @@ def show_command(
 
     Example: trajtune envs show sokoban --seed 3
     """
-    from trajtune.envs import list_envs, make_env
+    from trajtune.envs import make_env
+    from trajtune.errors import UsageError
 
-    if name not in list_envs():
-        typer.echo(f"error: unknown environment {name!r}; known: {', '.join(list_envs())}", err=True)
-        raise typer.Exit(2)
+    env = make_env(name)  # an unknown name is an EnvError naming the known ones
     if split not in ("train", "test"):
-        typer.echo(f"error: --split must be train or test, got {split!r}", err=True)
-        raise typer.Exit(2)
-    env = make_env(name)
+        raise UsageError(f"--split must be train or test, got {split!r}")
     typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
     typer.echo(f"max_turns: {env.max_turns}")
     task = env.tasks(split, 1, seed)[0]

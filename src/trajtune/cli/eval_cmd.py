@@ -1,4 +1,8 @@
-"""``trajtune eval``: evaluate a model on an environment or a benchmark (BFCL, TextWorld)."""
+"""``trajtune eval``: evaluate a model on an environment or a benchmark (BFCL, TextWorld).
+
+Output policy: the results JSON goes to stdout (so ``trajtune eval ... > r.json`` works); the
+progress bar, warnings and a compact summary table go to stderr. ``-q`` leaves only the JSON.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from trajtune.errors import UsageError
 from trajtune.progress import console
 
 
@@ -17,7 +22,7 @@ def _env_kwargs(items: list[str] | None) -> dict[str, Any]:
     for item in items or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--env-arg {item!r} must look like key=value (e.g. --env-arg nb_rooms=2)")
+            raise UsageError(f"--env-arg {item!r} must look like key=value (e.g. --env-arg nb_rooms=2)")
         try:
             out[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:
@@ -58,7 +63,9 @@ def eval_(
     workers: Annotated[int, typer.Option("--workers", "-w", help="Environments stepped in parallel.")] = 8,
     max_turns: Annotated[Optional[int], typer.Option(help="Turn limit per episode (default: the environment's).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Token limit per assistant turn.")] = 256,
-    max_length: Annotated[int, typer.Option(help="Token limit per episode.")] = 4096,
+    max_length: Annotated[Optional[int], typer.Option(
+        help="Token limit per episode. Default: the model's context length; a larger value is clamped to it "
+             "(with a warning).")] = None,
     batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 16,
     parser: Annotated[str, typer.Option(help="Tool-call parser; auto = the one of the render tool format.")] = "auto",
     template: Annotated[Optional[Path], typer.Option(
@@ -71,11 +78,12 @@ def eval_(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for run.json, episodes.jsonl, results.json.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in --out, skipping finished episodes.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the evaluation in --out.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the results JSON on stdout: no progress bar, "
+                                                            "no summary table.")] = False,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
-    Every episode is written to --out/episodes.jsonl (IR) as it finishes; --resume continues an interrupted run. See docs/eval.md for the metric definitions.
+    Every episode is written to --out/episodes.jsonl (IR) as it finishes; --resume continues an interrupted run. The results JSON goes to stdout, the progress bar and a summary table to stderr (-q: the JSON only). See docs/eval.md for the metric definitions.
 
     Example: trajtune eval --model runs/demo/sft/final --env home --tasks 100 --out runs/eval
 
@@ -85,7 +93,7 @@ def eval_(
     from trajtune.eval.run import run_eval
 
     if (resume or overwrite) and out is None:
-        raise ValueError("--resume and --overwrite act on --out; give --out DIR")
+        raise UsageError("--resume and --overwrite act on --out; give --out DIR")
     settings = EvalSettings(
         model=model, env=env, benchmark=benchmark,
         categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
@@ -93,11 +101,38 @@ def eval_(
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render_overrides(set_))
-    try:
-        results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet)
-    except ImportError as e:  # an optional benchmark package (bfcl-eval, textworld) is missing
-        raise ValueError(str(e)) from None
-    shown = {k: v for k, v in results.items() if k != "settings"}
+    results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet)
+    shown = {k: v for k, v in results.items() if k != "settings"}  # run.json / results.json keep them
     if "best_of" in shown:
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
-    console.print_json(json.dumps(shown, default=str))
+    if not quiet:
+        console.print(summary_table(results))
+    typer.echo(json.dumps(shown, indent=1, default=str, ensure_ascii=False))
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def summary_table(results: dict[str, Any]) -> Any:
+    """One row overall and one per category: the numbers a reader looks at first."""
+    from rich.table import Table
+
+    m = results.get("metrics", {})
+    ks = sorted((k for k in m if k.startswith("pass@")), key=lambda k: int(k[5:]))
+    t = Table(title=f"{results.get('model')} on {results.get('target')}", title_justify="left")
+    for col in ("", "episodes", "success", *ks, "reward", "format err", "tool acc", "turns"):
+        t.add_column(col, justify="left" if not col else "right")
+
+    def row(name: str, x: dict[str, Any]) -> None:
+        t.add_row(name, str(x.get("episodes", 0)), _pct(x.get("success")), *(_pct(x.get(k)) for k in ks),
+                  f"{x.get('mean_reward', 0.0):.3f}", _pct(x.get("format_error_rate")),
+                  _pct(x.get("tool_call_accuracy")), f"{x.get('mean_turns', 0.0):.1f}")
+
+    row("all", m)
+    for name, x in m.get("categories", {}).items():
+        row(f"  {name}", x)
+    ends = ", ".join(f"{k} {v}" for k, v in m.get("terminations", {}).items())
+    if ends:
+        t.caption = f"episodes ended: {ends}"
+    return t

@@ -30,45 +30,32 @@ def generate(
     Example: trajtune data generate --env fncall --n 2000 --env-arg single_turn=true -o data/fncall.jsonl
     """
     from trajtune.cli.eval_cmd import _env_kwargs
-    from trajtune.envs import list_envs, make_env
+    from trajtune.envs import make_env
+    from trajtune.errors import EnvError, OutputError, UsageError
     from trajtune.schema import AtomicJsonlWriter
 
-    if env not in list_envs():
-        typer.echo(f"error: unknown environment {env!r}; known: {', '.join(list_envs())}", err=True)
-        raise typer.Exit(2)
+    kwargs = _env_kwargs(env_arg)
+    probe = make_env(env, **kwargs)  # an unknown name or argument is an EnvError naming the known ones
     if split not in ("train", "test"):
-        typer.echo(f"error: --split must be train or test, got {split!r}", err=True)
-        raise typer.Exit(2)
+        raise UsageError(f"--split must be train or test, got {split!r}")
     if out.exists() and not overwrite:
-        typer.echo(f"error: {out} exists; pass --overwrite to replace it", err=True)
-        raise typer.Exit(1)
-    try:
-        kwargs = _env_kwargs(env_arg)
-        first = make_env(env, **kwargs)
-    except (TypeError, ValueError) as e:  # an argument the environment does not take, or a bad value
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
-    tasks = first.tasks(split, n, seed)
+        raise OutputError(f"{out} exists; pass --overwrite to replace it")
+    tasks = probe.tasks(split, n, seed)
     kept = successes = 0
     terminations: dict[str, int] = {}
-    try:
-        with AtomicJsonlWriter(out, overwrite=overwrite) as writer:
-            for task in tasks:
-                try:
-                    traj = make_env(env, **kwargs).expert(task)
-                except NotImplementedError as e:
-                    typer.echo(f"error: {e}", err=True)
-                    raise typer.Exit(1) from None
-                ok = bool(traj.outcome and traj.outcome.success)
-                successes += ok
-                term = (traj.outcome.termination if traj.outcome else None) or "unknown"
-                terminations[term] = terminations.get(term, 0) + 1
-                if only_success and not ok:
-                    continue
-                writer.write(traj)
-                kept += 1
-    except FileExistsError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+    with AtomicJsonlWriter(out, overwrite=overwrite) as writer:
+        for task in tasks:
+            try:
+                traj = make_env(env, **kwargs).expert(task)
+            except NotImplementedError as e:
+                raise EnvError(f"environment {env!r} has no scripted expert: {e}") from None
+            ok = bool(traj.outcome and traj.outcome.success)
+            successes += ok
+            term = (traj.outcome.termination if traj.outcome else None) or "unknown"
+            terminations[term] = terminations.get(term, 0) + 1
+            if only_success and not ok:
+                continue
+            writer.write(traj)
+            kept += 1
     terms = ", ".join(f"{k}={v}" for k, v in sorted(terminations.items()))
     typer.echo(f"wrote {kept} trajectories to {out} ({successes}/{len(tasks)} expert successes; {terms})")

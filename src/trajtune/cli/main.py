@@ -1,8 +1,21 @@
-"""Entry point of the `trajtune` command. Each command group lives in its own module."""
+"""Entry point of the `trajtune` command. Each command group lives in its own module.
+
+The one error policy lives here (``TrajtuneGroup.invoke``): a ``trajtune.errors.UserError`` from any
+command becomes ``error: <message>`` on stderr and its exit code; anything else is a bug and is
+shown with its traceback (exit 1). ``--debug`` shows the traceback of user errors too.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
+from typing import Annotated, Any
+
+import click
 import typer
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
 from trajtune import __version__
 from trajtune.cli import run as _run
@@ -11,10 +24,53 @@ from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
 from trajtune.cli.models import models_app
+from trajtune.errors import EXIT_CODES, Interrupted, UserError
+
+
+def _exit_code_epilog() -> str:
+    rows = "\n\n".join(f"{code}: {meaning}" for code, meaning in EXIT_CODES.items())
+    return f"Exit codes (see docs/architecture.md):\n\n{rows}"
+
+
+def report_error(e: BaseException, debug: bool) -> int:
+    """Print ``e`` the way the error policy says and return the exit code."""
+    if isinstance(e, KeyboardInterrupt):
+        e = Interrupted("interrupted")
+    if isinstance(e, UserError):
+        if debug:
+            traceback.print_exception(e, file=sys.stderr)
+        click.echo(f"{e.label}: {e}" if e.label else str(e), err=True)
+        return e.exit_code
+    traceback.print_exception(e, file=sys.stderr)
+    click.echo(f"trajtune {__version__}: internal error ({type(e).__name__}); this is a bug, please report it "
+               "with the traceback above", err=True)
+    return 1
+
+
+# Control flow that typer/click handle themselves: exits, usage errors (typer vendors its own click,
+# whose exceptions derive from TyperException), and a closed stdout (`trajtune ... | head`).
+_PASS_THROUGH = (typer.Exit, typer.Abort, TyperException, click.exceptions.Exit, click.ClickException,
+                 click.exceptions.Abort, SystemExit, BrokenPipeError)
+
+
+class TrajtuneGroup(TyperGroup):
+    """The root command group; it applies the error policy to every sub-command."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _PASS_THROUGH:
+            raise
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001  (the one place that classifies errors)
+            debug = bool(ctx.params.get("debug")) or os.environ.get("TRAJTUNE_DEBUG", "") not in ("", "0")
+            raise typer.Exit(report_error(e, debug)) from None
+
 
 app = typer.Typer(
     name="trajtune",
+    cls=TrajtuneGroup,
     help="Fine-tune open language models into better agents.\n\nExample: trajtune demo --out runs/demo",
+    epilog=_exit_code_epilog(),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -22,7 +78,10 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors too "
+                                        "(also: TRAJTUNE_DEBUG=1).")] = False,
+) -> None:
     """trajtune: fine-tune open language models into better agents."""
 
 

@@ -1,51 +1,40 @@
 """The training commands: sft, rl, demo (and the registration of `eval`, defined in ``cli.eval_cmd``).
 
 They parse arguments, load and validate configs and call into ``trajtune.train`` / ``trajtune.demo``.
-User errors (bad config, missing path, existing output) become one clear message and exit code 2.
+Errors a user can fix are ``trajtune.errors.UserError``s; ``cli.main`` turns them into one line and
+the documented exit code. Results (JSON) go to stdout, progress and messages to stderr.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from trajtune.progress import console
+from trajtune.errors import UsageError
 
 
-def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the errors a user can fix into one message and exit 2, instead of a traceback."""
-    from trajtune.chat.render import RenderError
-    from trajtune.config import ConfigError
-    from trajtune.models.loading import ModelLoadError
-    from trajtune.schema import RecordError
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (ConfigError, RecordError, RenderError, ModelLoadError, FileExistsError, FileNotFoundError,
-                KeyError, ValueError) as e:
-            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-            console.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
+def print_result(result: dict[str, Any]) -> None:
+    """The command's result as JSON on stdout (so ``> result.json`` works); everything else is on stderr."""
+    typer.echo(json.dumps(result, indent=1, default=str, ensure_ascii=False))
 
 
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="YAML run config (see examples/).")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override a config key: --set train.lr=3e-4 (repeatable).")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing output directory.")]
-ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint in the output directory.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the latest checkpoint in the output directory "
+                                         "(from step 0 when the run stopped before its first checkpoint).")]
+AllowChangeOpt = Annotated[bool, typer.Option(
+    "--allow-config-change", help="With --resume: accept a config that differs from the run's config.yaml; the "
+                                  "new values apply from the resumed step and the change is logged in "
+                                  "config_changes.jsonl.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or messages; only the result JSON on stdout.")]
 
 
 def sft(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
-        quiet: QuietOpt = False) -> None:
+        allow_config_change: AllowChangeOpt = False, quiet: QuietOpt = False) -> None:
     """Supervised fine-tuning on trajectories (assistant tokens only; full or LoRA).
 
     Example: trajtune sft --config examples/sft_home.yaml --set train.steps=200
@@ -54,12 +43,12 @@ def sft(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False,
     from trajtune.train import run_sft
 
     cfg = load_config(config, SFTRunConfig, set_ or [])
-    result = run_sft(cfg, overwrite=overwrite, resume=resume, quiet=quiet)
-    console.print_json(json.dumps({k: v for k, v in result.items() if k != "last"}, default=str))
+    result = run_sft(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
+    print_result({k: v for k, v in result.items() if k != "last"})
 
 
 def rl(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
-       quiet: QuietOpt = False) -> None:
+       allow_config_change: AllowChangeOpt = False, quiet: QuietOpt = False) -> None:
     """Online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++) in an environment.
 
     Example: trajtune rl --config examples/rl_home.yaml --set rl.group_size=8
@@ -68,8 +57,8 @@ def rl(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, 
     from trajtune.train import run_rl
 
     cfg = load_config(config, RLRunConfig, set_ or [])
-    result = run_rl(cfg, overwrite=overwrite, resume=resume, quiet=quiet)
-    console.print_json(json.dumps({k: v for k, v in result.items() if k != "last"}, default=str))
+    result = run_rl(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
+    print_result({k: v for k, v in result.items() if k != "last"})
 
 
 def demo(
@@ -91,7 +80,9 @@ def demo(
     Needs no network. Writes configs, metrics.jsonl, checkpoints, eval JSON and PNG plots to --out,
     and summary.json with the success rates.
 
-    Example: trajtune demo --out runs/demo --overwrite
+    An existing --out is never replaced without --overwrite.
+
+    Example: trajtune demo --out runs/demo
     """
     from trajtune.config import apply_overrides
     from trajtune.demo import run_demo
@@ -99,15 +90,15 @@ def demo(
     extra = apply_overrides({}, set_ or [])
     nested = [k for k, v in extra.items() if isinstance(v, dict)]
     if nested:
-        raise ValueError(f"--set {nested[0]}...: demo settings are flat keys, e.g. --set rl_lr=2e-4")
+        raise UsageError(f"--set {nested[0]}...: demo settings are flat keys, e.g. --set rl_lr=2e-4")
     run_demo(out, overwrite=overwrite, seed=seed, **{"n_train": n_train, "n_test": n_test, "sft_steps": sft_steps,
                                                      "weak_sft_steps": weak_sft_steps, "rl_steps": rl_steps, **extra})
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sft")(user_errors(sft))
-    app.command("rl")(user_errors(rl))
+    app.command("sft")(sft)
+    app.command("rl")(rl)
     from trajtune.cli.eval_cmd import eval_
 
-    app.command("eval")(user_errors(eval_))
-    app.command("demo")(user_errors(demo))
+    app.command("eval")(eval_)
+    app.command("demo")(demo)

@@ -8,12 +8,18 @@ environment's state, never by matching free text alone. Environments never impor
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trajtune.errors import EnvError
 from trajtune.schema import Message, ToolSpec, Trajectory
+
+
+class UnknownEnvError(EnvError, KeyError):
+    """No environment is registered under the name (a KeyError too, for callers that look names up)."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +100,15 @@ def make_env(name: str, **kwargs: Any) -> Environment:
 
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
-        raise KeyError(f"unknown environment {name!r}; known environments: {known}")
-    return _REGISTRY[name](**kwargs)
+        raise UnknownEnvError(f"unknown environment {name!r}; known environments: {known}")
+    factory = _REGISTRY[name]
+    try:  # wrong arguments (e.g. a typo in --env-arg / env.kwargs) are the user's, not a bug
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as e:
+        raise EnvError(f"environment {name!r}: {e}") from None
+    except ValueError:  # no signature to check (a builtin): let the call decide
+        pass
+    return factory(**kwargs)
 
 
 def list_envs() -> dict[str, EnvFactory]:

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trajtune.envs.base import Environment, Task, make_env
+from trajtune.errors import UsageError
 from trajtune.eval.backends import Backend
 from trajtune.eval.metrics import agent_messages, episode_stats, eval_meta, summarize
 from trajtune.eval.verifiers import best_of_report, get_verifier
@@ -55,7 +56,7 @@ class EvalSettings:
     seed: int = 0
     max_turns: int | None = None
     max_new_tokens: int = 256
-    max_length: int = 4096
+    max_length: int | None = None  # None: the model's context length (trajtune.eval.run.resolve_max_length)
     parser: str = "auto"
     template: str | None = None  # a chat template file replacing the tokenizer's
     render: dict[str, Any] = field(default_factory=dict)  # trajtune.config.RenderSpec keys
@@ -71,35 +72,35 @@ class EvalSettings:
     def validate(self) -> None:
         """Reject contradictory settings with a message that says what to change."""
         if (self.env is None) == (self.benchmark is None):
-            raise ValueError("give exactly one of --env NAME or --benchmark {bfcl,textworld}")
+            raise UsageError("give exactly one of --env NAME or --benchmark {bfcl,textworld}")
         if self.benchmark is not None and self.benchmark not in BENCHMARKS:
-            raise ValueError(f"unknown benchmark {self.benchmark!r}; known: {', '.join(BENCHMARKS)}")
+            raise UsageError(f"unknown benchmark {self.benchmark!r}; known: {', '.join(BENCHMARKS)}")
         if self.categories and self.benchmark != "bfcl":
-            raise ValueError("--categories is for --benchmark bfcl (environments are broken down by task kind)")
+            raise UsageError("--categories is for --benchmark bfcl (environments are broken down by task kind)")
         if self.n < 1 or self.tasks < 1 or (self.limit is not None and self.limit < 1):
-            raise ValueError("--n, --tasks and --limit must be at least 1")
+            raise UsageError("--n, --tasks and --limit must be at least 1")
         if self.best_of is not None:
             if self.best_of < 2:
-                raise ValueError("--best-of needs at least 2 candidates")
+                raise UsageError("--best-of needs at least 2 candidates")
             if self.n not in (1, self.best_of):
-                raise ValueError(f"--best-of {self.best_of} draws {self.best_of} samples per task; --n {self.n} "
+                raise UsageError(f"--best-of {self.best_of} draws {self.best_of} samples per task; --n {self.n} "
                                  "would contradict it (leave --n out)")
             self.verifier = self.verifier or "majority"
             get_verifier(self.verifier)  # an unknown name fails now, not after the episodes ran
         elif self.verifier is not None:
-            raise ValueError("--verifier selects among --best-of N candidates; give --best-of too")
+            raise UsageError("--verifier selects among --best-of N candidates; give --best-of too")
         bad = [k for k in self.ks if k < 1 or k > self.samples]
         if bad:
-            raise ValueError(f"--k {bad} must be between 1 and the samples per task ({self.samples})")
+            raise UsageError(f"--k {bad} must be between 1 and the samples per task ({self.samples})")
         if self.samples > 1 and self.temperature <= 0:
-            raise ValueError(f"{self.samples} samples per task at --temperature 0 would repeat the same greedy "
+            raise UsageError(f"{self.samples} samples per task at --temperature 0 would repeat the same greedy "
                              "episode; set a temperature (e.g. --temperature 0.8)")
         from trajtune.chat.parsers import available_parsers
 
         if self.parser != "auto" and self.parser not in available_parsers():
-            raise ValueError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
+            raise UsageError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
         if self.workers < 1 or self.batch_size < 1:
-            raise ValueError("--workers and --batch-size must be at least 1")
+            raise UsageError("--workers and --batch-size must be at least 1")
         self.render_config()  # unknown or invalid render options fail before anything loads
 
     def render_config(self) -> Any:

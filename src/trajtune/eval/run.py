@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trajtune.envs.base import Environment, Task
+from trajtune.errors import Interrupted, UsageError
 from trajtune.eval.metrics import summarize
 from trajtune.rollout import Episode, RolloutConfig, run_rollouts
 from trajtune.schema import AtomicJsonlWriter, atomic_write_text
@@ -37,6 +38,47 @@ def write_eval(out_dir: str | Path, name: str, metrics: dict[str, Any], episodes
     return out / f"{name}.json"
 
 
+#: Episode token limit when neither --max-length nor the model says one.
+FALLBACK_MAX_LENGTH = 4096
+
+
+def model_context_length(name_or_path: str, tokenizer: Any) -> int | None:
+    """The longest sequence the model takes: ``max_position_embeddings`` of its config (the base
+    model's, for a LoRA adapter directory) and the tokenizer's ``model_max_length`` when that is a
+    real number (tokenizers without one report ~1e30). ``None`` when neither is known."""
+    import json
+
+    from transformers import AutoConfig
+
+    source = name_or_path
+    adapter = Path(name_or_path).expanduser() / "adapter_config.json"
+    if adapter.exists():
+        source = json.loads(adapter.read_text()).get("base_model_name_or_path") or name_or_path
+    limits = []
+    try:
+        limits.append(getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", None))
+    except (OSError, ValueError):  # an id that is not cached, an unknown architecture: no limit known
+        pass
+    limits.append(getattr(tokenizer, "model_max_length", None))
+    sane = [n for n in limits if isinstance(n, int) and 0 < n < 10_000_000]
+    return min(sane) if sane else None
+
+
+def resolve_max_length(requested: int | None, context: int | None) -> tuple[int, str | None]:
+    """The episode token limit to use, and a warning when the request had to be clamped.
+
+    Policy: never above the model's context (a longer episode cannot be generated: every one would
+    end with ``length`` after a turn); ``None`` means "the model's context"."""
+    if context is None:
+        return requested or FALLBACK_MAX_LENGTH, None
+    if requested is None:
+        return context, None
+    if requested > context:
+        return context, (f"--max-length {requested} is above the model's context length ({context} tokens); "
+                         f"using {context}")
+    return requested, None
+
+
 def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False,
              quiet: bool = False, backend: Any = None) -> dict[str, Any]:
     """Load ``settings.model`` and run ``trajtune.eval.harness`` on it (the ``trajtune eval`` command).
@@ -48,9 +90,10 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     from trajtune.eval.backends import HFBackend
     from trajtune.eval.harness import build_suites, run_evaluation
     from trajtune.eval.store import EvalStore
-    from trajtune.progress import bar
+    from trajtune.progress import bar, console
 
     settings.validate()
+    suites = build_suites(settings)  # bad environment / category names fail here, before any loading or writing
     tok = None
     renderer = None
     if backend is None:
@@ -61,9 +104,14 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         renderer = ChatRenderer(tok, settings.render_config())
         if settings.parser == "auto":  # the parser of the tool format the renderer writes calls in
             settings.parser = renderer.parser or "hermes"
-    elif settings.parser == "auto":
-        settings.parser = "hermes"
-    suites = build_suites(settings)  # bad environment / category names fail here, before any loading or writing
+        settings.max_length, warning = resolve_max_length(settings.max_length,
+                                                          model_context_length(settings.model, tok))
+        if warning:
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+    else:
+        if settings.parser == "auto":
+            settings.parser = "hermes"
+        settings.max_length = settings.max_length or FALLBACK_MAX_LENGTH
     store = EvalStore(out_dir, settings.as_dict(), resume=resume, overwrite=overwrite) if out_dir is not None else None
     try:
         if backend is None:
@@ -78,15 +126,22 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
             try:
                 model.to(device)
             except (RuntimeError, AssertionError, ValueError) as e:  # no such device / no CUDA build
-                raise ValueError(f"cannot run the model on --device {device!r}: {e}") from None
+                raise UsageError(f"cannot run the model on --device {device!r}: {e}") from None
             backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
                                 batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
                                 step_timeout_s=settings.step_timeout_s, renderer=renderer)
         total = sum(len(s.tasks) for s in suites) * settings.samples
         target = settings.env or settings.benchmark
-        with bar(f"eval {target}", total, enabled=not quiet) as adv:
-            return run_evaluation(settings, backend, store=store, progress=adv, suites=suites)
+        try:
+            with bar(f"eval {target}", total, enabled=not quiet) as adv:
+                return run_evaluation(settings, backend, store=store, progress=adv, suites=suites)
+        except KeyboardInterrupt:
+            if store is None:
+                raise Interrupted("interrupted; nothing was stored (give --out DIR to make an evaluation "
+                                  "resumable)") from None
+            raise Interrupted(f"interrupted with {len(store.done)} of {total} episodes stored in {out_dir}; "
+                              "continue with --resume") from None
     finally:
         if store is not None:
             store.close()

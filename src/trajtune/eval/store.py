@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from trajtune.errors import DataError, OutputError, UsageError
 from trajtune.eval.metrics import eval_meta
 from trajtune.schema import RecordError, Trajectory, atomic_write_text, parse_trajectory, trajectory_to_json
 
@@ -46,7 +47,7 @@ class EvalStore:
     def __init__(self, out_dir: str | os.PathLike[str], settings: dict[str, Any], *, resume: bool = False,
                  overwrite: bool = False):
         if resume and overwrite:
-            raise ValueError("--resume and --overwrite exclude each other")
+            raise UsageError("--resume and --overwrite exclude each other")
         self.dir = Path(out_dir)
         self.run_path = self.dir / RUN_FILE
         self.episodes_path = self.dir / EPISODES_FILE
@@ -57,7 +58,7 @@ class EvalStore:
             for p in ours:
                 p.unlink()
         elif ours and not resume:
-            raise FileExistsError(f"{self.dir} already holds an evaluation ({', '.join(p.name for p in ours)}); "
+            raise OutputError(f"{self.dir} already holds an evaluation ({', '.join(p.name for p in ours)}); "
                                   "pass --resume to continue it or --overwrite to start again")
         elif ours and resume:
             self._check_settings(settings)
@@ -69,16 +70,16 @@ class EvalStore:
 
     def _check_settings(self, settings: dict[str, Any]) -> None:
         if not self.run_path.exists():
-            raise FileNotFoundError(f"{self.run_path} is missing, so {self.dir} cannot be resumed; use --overwrite")
+            raise OutputError(f"{self.run_path} is missing, so {self.dir} cannot be resumed; use --overwrite")
         try:
             before = json.loads(self.run_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{self.run_path}: invalid JSON ({e.msg}); use --overwrite to start again") from None
+            raise DataError(f"{self.run_path}: invalid JSON ({e.msg}); use --overwrite to start again") from None
         now = json.loads(json.dumps(settings, default=str))
         diff = sorted(k for k in set(before) | set(now) if k not in RESUME_FREE and before.get(k) != now.get(k))
         if diff:
             detail = "; ".join(f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in diff)
-            raise ValueError(f"cannot resume {self.dir}: settings differ ({detail}); "
+            raise OutputError(f"cannot resume {self.dir}: settings differ ({detail}); "
                              "rerun with the same settings, or use --overwrite / a new --out")
 
     def _load(self) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from trajtune.errors import UsageError
 from trajtune.eval.metrics import answer_key
 from trajtune.schema import Trajectory
 
@@ -66,12 +67,12 @@ def get_verifier(name: str) -> Verifier:
         try:
             factory = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot load verifier {name!r}: {e}") from None
+            raise UsageError(f"cannot load verifier {name!r}: {e}") from None
         v = factory()
         if not isinstance(v, Verifier):
-            raise ValueError(f"verifier {name!r} must have name, privileged, description and scores(candidates)")
+            raise UsageError(f"verifier {name!r} must have name, privileged, description and scores(candidates)")
         return v
-    raise ValueError(f"unknown verifier {name!r}; known: {', '.join(list_verifiers())} (or package.module:factory)")
+    raise UsageError(f"unknown verifier {name!r}; known: {', '.join(list_verifiers())} (or package.module:factory)")
 
 
 def select(verifier: Verifier, candidates: Sequence[Trajectory]) -> int:

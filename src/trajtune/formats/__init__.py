@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trajtune.errors import DataError
 from trajtune.formats._base import ConversionError, ConversionReport, Format, canonical_json
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, is_blank, iter_json_lines
 from trajtune.schema import RecordError, Trajectory, parse_trajectory
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 
-class FormatDetectionError(ValueError):
+class FormatDetectionError(DataError):
     """The format of a file could not be decided; the message lists what was considered."""
 
 

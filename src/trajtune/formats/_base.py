@@ -11,10 +11,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from trajtune.errors import DataError
 from trajtune.schema import Message, ToolCall, Trajectory, generate_call_ids
 
 
-class ConversionError(ValueError):
+class ConversionError(DataError):
     """A record that a converter cannot map at all (wrong shape for the format).
 
     Carries a rule id and a hint so the CLI and the validator can report it like any other finding.

@@ -6,7 +6,7 @@ and chat templates expect JSON Schema, so ``to_ir`` translates the types; the or
 kept verbatim in ``ToolSpec.raw`` because BFCL's checker needs the BFCL types (``any`` is
 checked as a string, ``tuple`` as a list) and ``from_ir`` must be able to give them back.
 
-The ground truth goes into ``Trajectory.reference`` untouched (FORMATS.md: "verbatim ground
+The ground truth goes into ``Trajectory.reference`` untouched (docs/formats.md: "verbatim ground
 truth"): ``bfcl_ast`` for single-turn categories, ``bfcl_multi_turn`` for the stateful ones.
 
 Public API (module level, so the formats registry can wrap it):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trajtune import errors
 
-class ModelLoadError(ValueError):
+
+class ModelLoadError(errors.ModelLoadError):
     """A model name, path or file that cannot be loaded; the message says why and how to fix it."""

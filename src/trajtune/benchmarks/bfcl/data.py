@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from trajtune.errors import EnvError, UsageError
 from trajtune.formats.bfcl import to_ir
 from trajtune.schema import Trajectory
 
@@ -69,7 +70,7 @@ FUNC_DOC_FILES = {
 }
 
 
-class BFCLNotInstalledError(ImportError):
+class BFCLNotInstalledError(EnvError, ImportError):
     """The bfcl-eval wheel (our data source) is not installed."""
 
 
@@ -112,10 +113,10 @@ def resolve_categories(names: list[str] | tuple[str, ...] | str | None) -> list[
         elif n in ALL_CATEGORIES:
             expanded = [n]
         elif n in UNSUPPORTED:
-            raise ValueError(f"BFCL category {n!r} is not supported: {UNSUPPORTED[n]}")
+            raise UsageError(f"BFCL category {n!r} is not supported: {UNSUPPORTED[n]}")
         else:
             known = ", ".join(list(ALIASES) + list(ALL_CATEGORIES) + list(GROUPS))
-            raise ValueError(f"unknown BFCL category {n!r}; known: {known}")
+            raise UsageError(f"unknown BFCL category {n!r}; known: {known}")
         for c in expanded:
             if c not in out:
                 out.append(c)
