@@ -174,3 +174,27 @@ def test_a_group_with_a_non_finite_reward_is_dropped_and_counted(bad):
         kept, m = assign_advantages([_tt(1.0, 2, group="a"), _tt(bad, 2, group="a"), _tt(0.0, 2, group="b"),
                                      _tt(1.0, 2, group="b")], est)
         assert m["nonfinite_reward_groups"] == 1 and all(math.isfinite(a) for t in kept for a in t.advantages), est
+
+
+def test_sft_loss_and_gradients_from_selected_positions_equal_the_full_computation(tiny_model, tiny_tok,
+                                                                                   home_experts):
+    """The LM head runs only where a trained token is predicted; loss and gradients are unchanged."""
+    from trajtune.algorithms.batch import collate
+    from trajtune.chat.render import ChatRenderer, RenderConfig
+
+    r = ChatRenderer(tiny_tok, RenderConfig(train_on="last"))
+    b = collate([r.render(t) for t in home_experts[:3]], tiny_tok.pad_token_id)
+    obj = SFTObjective()
+    loss, metrics = obj.loss_sum(tiny_model, b)
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in tiny_model.named_parameters() if p.grad is not None}
+    tiny_model.zero_grad()
+    full = tiny_model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float()
+    ce = torch.nn.functional.cross_entropy(full.transpose(1, 2), b.input_ids[:, 1:], reduction="none")
+    want = (ce * b.loss_mask() * b.weight[:, 1:]).sum()
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+    assert metrics["tokens"] == float(b.loss_mask().sum()) and metrics["tokens"] < b.loss_mask().numel() / 4
+    for n, p in tiny_model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(got[n], p.grad, atol=1e-6), n

@@ -39,15 +39,35 @@ class SFTObjective:
         return float((batch.loss_mask() * batch.weight[:, 1:]).sum())
 
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1, :].float()
-        targets = batch.input_ids[:, 1:]
+        mask = batch.loss_mask()
+        # Only positions that predict a trained token need logits: with a real vocabulary (49 k for
+        # SmolLM2) the LM head and the cross-entropy over all positions are a quarter of the step.
+        keep = mask.any(0).nonzero().squeeze(-1)
+        if keep.numel() == 0:
+            keep = torch.zeros(1, dtype=torch.long)
+        logits = selected_logits(model, batch, keep).float()
+        targets = batch.input_ids[:, 1:][:, keep]
+        m = mask[:, keep]
         ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-        w = batch.loss_mask() * batch.weight[:, 1:]
+        w = m * batch.weight[:, 1:][:, keep]
         if self.eaft:
             w = w * eaft_weights(logits, self.eaft_top_k, self.eaft_alpha)
         loss = (ce * w).sum()
         with torch.no_grad():
-            m = batch.loss_mask()
             correct = ((logits.argmax(-1) == targets).float() * m).sum()
         return loss, {"ce_sum": float((ce.detach() * m).sum()), "tokens": float(m.sum()), "correct": float(correct)}
+
+
+def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
+    """Logits at ``positions`` (hidden-state positions, each predicting the next token), ``[B, K, V]``.
+
+    Asks the model for those positions only (``logits_to_keep``, so the LM head runs on K rows);
+    a model that does not take the argument is sliced after a full forward."""
+    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    try:
+        logits = model(**kwargs, logits_to_keep=positions).logits
+    except TypeError:
+        logits = model(**kwargs).logits
+    if logits.shape[1] != positions.numel():  # the argument was ignored
+        logits = logits[:, positions]
+    return logits
