@@ -23,8 +23,8 @@ from typing import Any, Optional
 import typer
 
 from trajtune.formats import FormatDetectionError, LoadStats, canonical_json, get_format, iter_records
-from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES
-from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
+from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem
+from trajtune.schema import AtomicJsonlWriter, OutputError, RecordError, Trajectory
 
 data_app = typer.Typer(
     help="Validate, convert and prepare trajectory datasets.\n\nExample: trajtune data validate data.jsonl",
@@ -45,13 +45,18 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 @contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn expected user errors into one-line messages (no tracebacks)."""
+def _user_errors(skippable: bool = False) -> Iterator[None]:
+    """Turn expected user errors into one-line messages (no tracebacks).
+
+    ``skippable``: the command has ``--skip-invalid``, so a bad record's message says so."""
     try:
         yield
     except typer.Exit:
         raise
     except RecordError as e:
+        _fail(str(e) + ("\n(pass --skip-invalid to skip invalid records; they are counted and reported)"
+                        if skippable else ""))
+    except OutputError as e:
         _fail(str(e))
     except FileExistsError as e:
         _fail(str(e).strip("'\""))
@@ -67,7 +72,23 @@ def _user_errors() -> Iterator[None]:
         _fail(str(e))
 
 
+def _check_input(path: Path) -> None:
+    """Exit 2 with one line for an input that is missing or a directory (gzip files are fine)."""
+    why = input_problem(path)
+    if why is not None:
+        _fail(why, 2)
+
+
+def _valid(path: Path) -> Any:
+    """The validation rules as a record check, so outputs hold only what `data validate` accepts."""
+    from trajtune.validate import record_check
+
+    return record_check(path)
+
+
 def _check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
+    if out.is_dir():
+        _fail(f"cannot write {out}: it is a directory; name a file inside it")
     if out.exists() and not overwrite:
         _fail(f"{out} exists; pass --overwrite to replace it")
     for i in inputs:
@@ -94,7 +115,7 @@ def _print_skips(stats: LoadStats, label: str = "") -> None:
 
 @data_app.command()
 def validate(
-    files: list[Path] = typer.Argument(..., help="JSONL files to check."),
+    files: list[Path] = typer.Argument(..., help="JSONL files to check (plain or gzipped)."),
     format: Optional[str] = FromOpt,
     strict: bool = typer.Option(False, "--strict", help="Also fail (exit 1) on warnings."),
     as_json: bool = typer.Option(False, "--json", help="Print findings as JSON instead of a table."),
@@ -103,7 +124,7 @@ def validate(
     max_rows: int = typer.Option(200, "--max-rows", help="Most findings shown in the table (all are counted)."),
     max_line_mb: int = MaxLineOpt,
 ) -> None:
-    """Check trajectory files against the FORMATS.md rules; exit 1 on any error.
+    """Check trajectory files against the validation rules (E… errors, W… warnings); exit 1 on any error.
 
     Example: trajtune data validate train.jsonl --strict
     """
@@ -116,8 +137,7 @@ def validate(
         if format:
             get_format(format)
         for path in files:
-            if not path.is_file():
-                _fail(f"{path}: no such file", 2)
+            _check_input(path)
             stats: dict[str, int] = {}
             counts = Counter()
             findings = []
@@ -168,7 +188,7 @@ def _print_findings_table(rows: list[Any], report: list[dict[str, Any]], max_row
 
 @data_app.command()
 def convert(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file (written atomically)."),
     to: str = typer.Option(..., "--to", "-t", help="Output format: ir, openai, adp, sharegpt, xlam, react, hermes, …"),
     format: Optional[str] = FromOpt,
@@ -178,11 +198,14 @@ def convert(
 ) -> None:
     """Convert a trajectory file between formats, declaring what each conversion loses.
 
+    Records are checked with the same rules as `data validate`: any error stops the conversion
+    (nothing is written) unless --skip-invalid, which leaves them out and reports them. Input may
+    be gzipped (.jsonl.gz).
+
     Example: trajtune data convert agent.jsonl --from sharegpt --to openai -o agent.openai.jsonl
     """
-    with _user_errors():
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+    with _user_errors(skippable=True):
+        _check_input(input)
         _check_output(output, overwrite, [input])
         export = _exporter(to)
         if format:
@@ -192,7 +215,7 @@ def convert(
         warnings = 0
         with AtomicJsonlWriter(output, overwrite=overwrite) as w:
             for _, traj, rep in iter_records(input, format, skip_invalid=skip_invalid, stats=stats,
-                                             max_line_bytes=max_line_mb * 1024 * 1024):
+                                             max_line_bytes=max_line_mb * 1024 * 1024, check=_valid(input)):
                 rec, rep2 = export(traj)
                 for loss in rep2.losses:
                     losses[loss] += 1
@@ -230,13 +253,14 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
                                for c in m.tool_calls]
         msgs.append(d)
     if getattr(tok, "chat_template", None):
+        # Render to text, then tokenize as training does (ChatRenderer.encode). Not tokenize=True:
+        # transformers 5 returns a BatchEncoding there, whose len() is its number of keys.
         try:
-            ids = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=True)
-            if isinstance(ids, dict):
-                ids = ids["input_ids"]
-            return len(ids)
+            text = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=False)
         except Exception:  # a template that rejects this shape: count the plain text instead
-            pass
+            text = None
+        if isinstance(text, str):
+            return len(tok(text, add_special_tokens=False)["input_ids"])
     text = "\n".join(filter(None, [m.thought or "" for m in traj.messages] + [m["content"] for m in msgs] +
                             [json.dumps(c["function"], ensure_ascii=False) for m in msgs for c in m.get("tool_calls", [])]))
     return len(tok(text, add_special_tokens=False)["input_ids"])
@@ -244,7 +268,7 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
 
 @data_app.command()
 def stats(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     format: Optional[str] = FromOpt,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenizer path (local) for token lengths."),
     skip_invalid: bool = typer.Option(True, "--skip-invalid/--no-skip-invalid", help="Count invalid records instead of stopping."),
@@ -259,8 +283,7 @@ def stats(
 
     tok = None
     with _user_errors():
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+        _check_input(input)
         if model:
             try:
                 from transformers import AutoTokenizer
@@ -376,11 +399,10 @@ def mix(
 
     Example: trajtune data mix react.jsonl:0.7 cot.jsonl:0.3 -o mixed.jsonl --seed 1
     """
-    with _user_errors():
+    with _user_errors(skippable=True):
         parsed = [_parse_source(s) for s in sources]
         for p, _ in parsed:
-            if not p.is_file():
-                _fail(f"{p}: no such file", 2)
+            _check_input(p)
         _check_output(output, overwrite, [p for p, _ in parsed])
         export = _exporter(to)
         total_w = sum(w for _, w in parsed)
@@ -388,7 +410,7 @@ def mix(
         counts = []
         for p, _ in parsed:
             ls = LoadStats()
-            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls)))
+            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls, check=_valid(p))))
             _print_skips(ls, f" in {p}")
         if n is None:
             n = min(int(c * total_w / w) for c, (_, w) in zip(counts, parsed))
@@ -405,7 +427,8 @@ def mix(
         picked: list[Trajectory] = []
         for (p, _), idx in zip(parsed, chosen):
             want = Counter(idx)
-            for i, (_, traj, _) in enumerate(iter_records(p, format, skip_invalid=skip_invalid, stats=LoadStats())):
+            for i, (_, traj, _) in enumerate(iter_records(p, format, skip_invalid=skip_invalid, stats=LoadStats(),
+                                                          check=_valid(p))):
                 for _ in range(want.get(i, 0)):
                     t = traj.model_copy(deep=True)
                     if t.provenance is not None and t.provenance.dataset is None:
@@ -429,7 +452,7 @@ def _bucket(key: str, seed: int) -> float:
 
 @data_app.command()
 def split(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     out_dir: Path = typer.Option(..., "--out-dir", "-o", help="Directory for the split files (NAME.jsonl)."),
     ratios: str = typer.Option("train=0.9,val=0.1", "--ratios", help="NAME=FRACTION,… (normalised)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the id hash."),
@@ -442,7 +465,7 @@ def split(
 
     Example: trajtune data split all.jsonl -o splits/ --ratios train=0.8,val=0.1,test=0.1
     """
-    with _user_errors():
+    with _user_errors(skippable=True):
         parts: list[tuple[str, float]] = []
         for item in ratios.split(","):
             name, sep, frac = item.partition("=")
@@ -454,8 +477,7 @@ def split(
                 _fail(f"bad fraction in {item!r}")
         if any(f < 0 for _, f in parts) or sum(f for _, f in parts) <= 0:
             _fail("fractions must be >= 0 and sum to more than 0")
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+        _check_input(input)
         outs = [out_dir / f"{name}.jsonl" for name, _ in parts]
         for o in outs:
             _check_output(o, overwrite, [input])
@@ -469,7 +491,7 @@ def split(
         ls = LoadStats()
         writers = [AtomicJsonlWriter(o, overwrite=overwrite) for o in outs]
         try:
-            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=_valid(input)):
                 b = _bucket(traj.id, seed)
                 k = next((i for i, e in enumerate(edges) if b < e), len(edges) - 1)
                 writers[k].write(export(traj)[0])
@@ -509,7 +531,7 @@ def dedup_key(traj: Trajectory, mode: str) -> bytes:
 
 @data_app.command()
 def dedup(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     output: Path = typer.Option(..., "--output", "-o", help="Output JSONL file."),
     mode: str = typer.Option("normalized", "--mode", help="exact (same messages and calls) or normalized (case/whitespace-insensitive text)."),
     to: str = typer.Option("ir", "--to", "-t", help="Output format."),
@@ -524,16 +546,15 @@ def dedup(
     if mode not in ("exact", "normalized", "normalised"):
         _fail(f"--mode must be exact or normalized, got {mode!r}")
     mode = "normalized" if mode == "normalised" else mode
-    with _user_errors():
-        if not input.is_file():
-            _fail(f"{input}: no such file", 2)
+    with _user_errors(skippable=True):
+        _check_input(input)
         _check_output(output, overwrite, [input])
         export = _exporter(to)
         seen: set[bytes] = set()
         dropped = 0
         ls = LoadStats()
         with AtomicJsonlWriter(output, overwrite=overwrite) as w:
-            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=_valid(input)):
                 k = dedup_key(traj, mode)
                 if k in seen:
                     dropped += 1

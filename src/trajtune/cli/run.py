@@ -22,14 +22,14 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     from trajtune.chat.render import RenderError
     from trajtune.config import ConfigError
     from trajtune.models.loading import ModelLoadError
-    from trajtune.schema import RecordError
+    from trajtune.schema import OutputError, RecordError
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except (ConfigError, RecordError, RenderError, ModelLoadError, FileExistsError, FileNotFoundError,
-                KeyError, ValueError) as e:
+                OutputError, KeyError, ValueError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             console.print(f"[bold red]error:[/bold red] {msg}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
