@@ -116,7 +116,8 @@ def message_to_template_dict(m: Message, id_map: dict[str, str] | None = None,
 
     A call whose arguments could not be decoded (``arguments`` None, ``arguments_raw`` set) is
     passed as the raw string: that is the text the model wrote, and templates such as Qwen's print
-    a string as-is. ``id_map`` renames call ids (see ``templates.adapt_call_ids``); ``reasoning``
+    a string as-is. A custom call's free-text ``input`` goes in as ``{"input": …}`` (the form the
+    react parser reads back), so the action's text is trained. ``id_map`` renames call ids (see ``templates.adapt_call_ids``); ``reasoning``
     says where ``reasoning_content`` goes (``field``, ``inline`` into the content, or ``drop``);
     ``thought`` whether a visible thought is prepended to the content.
     """
@@ -132,6 +133,8 @@ def message_to_template_dict(m: Message, id_map: dict[str, str] | None = None,
         for c in m.tool_calls:
             if c.arguments is not None:
                 args: Any = c.arguments
+            elif c.type == "custom" and c.input is not None:  # free-text action (ReAct name[input])
+                args = {"input": c.input}
             elif c.arguments_raw is not None:
                 try:
                     decoded = json.loads(c.arguments_raw)
