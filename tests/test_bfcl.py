@@ -522,3 +522,22 @@ def test_from_ir_for_a_trajectory_made_elsewhere():
                              "function": [{"name": "f", "description": "",
                                            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}]}
     assert answer_from_ir(traj) is None
+
+
+def test_a_deeply_nested_answer_does_not_stop_a_bfcl_run():
+    """At ~500 levels BFCLItemResult.as_dict raised RecursionError at the end of the run (asdict
+    deep-copied the trajectory it then dropped). A parse_fn of one's own bypasses the parsers' cap."""
+    from trajtune.benchmarks.bfcl.runner import BFCLItemResult
+
+    deep: object = 1
+    for _ in range(600):
+        deep = {"a": deep}
+    report = run_bfcl(lambda messages, tools: "x", ["simple"], limit=2,
+                      parse_fn=lambda text: [{"name": "calculate_triangle_area", "arguments": {"base": deep}}])
+    assert report["overall"]["count"] == 2 and report["overall"]["correct"] == 0
+    r = BFCLItemResult(id="i", category="simple_python", valid=False, reason="x",
+                       trajectory=to_ir({"id": "simple_python_0", "question": [[{"role": "user", "content": "q"}]],
+                                         "function": []}))
+    r.trajectory.messages.append(Message(role="assistant", tool_calls=[ToolCall(id="c", name="f", arguments={"a": deep})]))
+    assert r.as_dict() == {"id": "i", "category": "simple_python", "valid": False, "reason": "x", "message": "",
+                           "format_errors": 0, "n_calls": 0, "turns": 1}

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from trajtune.cli.main import app
 from trajtune.envs import make_env
+from trajtune.errors import EnvError
 from trajtune.envs.fncall import check_action, synthetic_result
 from trajtune.envs.fncall_gen import function_pool, name_candidates, num_text
 from trajtune.envs.fncall_vocab import FUNCS, HOLDOUT_DOMAINS, PARAMS, _P, Param
@@ -254,7 +255,7 @@ def test_generate_writes_valid_ir_for_both_shapes(tmp_path):
     assert len(trajs) == 20 and all(t.messages[-1].tool_calls and t.outcome.success for t in trajs)
     r = runner.invoke(app, ["data", "generate", "--env", "fncall", "--n", "2", "-o", str(tmp_path / "x.jsonl"),
                             "--env-arg", "holdout=sideways"])
-    assert r.exit_code == 2 and "holdout" in r.output and "Traceback" not in r.output
+    assert r.exit_code == EnvError.exit_code and "holdout" in r.output and "Traceback" not in r.output
 
 
 def test_envs_show_documents_fncall():

@@ -518,3 +518,35 @@ def test_cli_max_length_above_the_model_context_is_clamped_with_a_warning(tiny_d
               "--max-turns", "1", "--out", str(tmp_path / "ev2"), "-q"])
     assert r.exit_code == 0 and "warning" not in r.stderr
     assert json.loads((tmp_path / "ev2" / "run.json").read_text())["max_length"] == context
+
+
+def _deep(n: int):
+    """``n`` levels of nesting, alternating objects and lists."""
+    v: object = "leaf"
+    for i in range(n):
+        v = {"a": v} if i % 2 else [v]
+    return v
+
+
+@pytest.mark.parametrize("depth", [300, 1000])
+def test_store_cuts_over_deep_model_output_and_resumes(tmp_path, depth):
+    """Arguments ~300 levels deep made EvalStore.append raise (pydantic: maximum serialization depth)."""
+    from trajtune.schema import DEPTH_MARKER, MAX_VALUE_DEPTH
+
+    deep = _traj("t0", 0, False)
+    deep.messages[1].tool_calls = [ToolCall(id="c", name="f", arguments={"x": _deep(depth)}, arguments_raw="{...}")]
+    ok = _traj("t1", 0, True)
+    with EvalStore(tmp_path / "ev", {"a": 1}) as store:
+        store.append([deep, ok])
+        kept = store.done[("t0", 0)]
+    assert kept.metadata["depth_capped"] == 1 and ok.metadata.get("depth_capped") is None
+    lines = (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and DEPTH_MARKER in lines[0] and DEPTH_MARKER not in lines[1]
+    with EvalStore(tmp_path / "ev", {"a": 1}, resume=True) as again:
+        back = again.done[("t0", 0)]
+    v, levels = back.messages[1].tool_calls[0].arguments, 0
+    while isinstance(v, (dict, list)):
+        v = next(iter(v.values())) if isinstance(v, dict) else v[0]
+        levels += 1
+    assert v == DEPTH_MARKER and levels == MAX_VALUE_DEPTH  # cut exactly at the documented depth
+    assert again.done[("t1", 0)] == ok

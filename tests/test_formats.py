@@ -115,11 +115,12 @@ def test_openai_legacy_function_call():
     assert t.tools[0].name == "calc"
 
 
-def test_openai_bad_arguments_not_repaired():
+def test_openai_bad_arguments_not_repaired_and_double_encoded_decoded_once():
     t = ir("openai", rows("openai_golden.jsonl")[4])
     broken, double, custom = t.messages[2].tool_calls
     assert broken.arguments is None and broken.arguments_raw == "{not json"
-    assert double.arguments is None and json.loads(json.loads(double.arguments_raw)) == {"a": 1}
+    # double-encoded: the content is unambiguous, so it is decoded (and the original string kept)
+    assert double.arguments == {"a": 1} and json.loads(json.loads(double.arguments_raw)) == {"a": 1}
     assert custom.type == "custom" and custom.input == "ls -la"
     assert t.messages[2].reasoning_content == "thinking..."
 

@@ -423,3 +423,66 @@ def test_parse_tool_calls_keeps_reasoning_the_parser_read():
     assert parse_tool_calls(text, "harmony", reasoning=True).reasoning == "Think."
     assert parse_tool_calls("<think>t</think><|START_RESPONSE|>x<|END_RESPONSE|>", "cohere",
                             reasoning=True).reasoning == "t"
+
+
+def test_pythonic_parses_once_on_a_bracket_storm(monkeypatch):
+    """``[f(a='`` followed by 40 000 ``]`` took 12.6 s: ast.parse was tried at every ``]``. The call
+    list is now delimited in one pass, so ast.parse runs at most once whatever the input."""
+    import ast
+
+    calls = []
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    r = P.parse_pythonic("[f(a='" + "]" * 40000)
+    assert r.tool_calls == [] and r.errors == ["unterminated or invalid call list"]
+    assert len(calls) <= 1
+    calls.clear()
+    r = P.parse_pythonic('x [f(a="]", b=\'\'\'[\n]\'\'\', c=[1, {"k": "\\"]"}]),  # ]\n g()] y')
+    assert len(calls) == 1 and r.errors == []
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", {"a": "]", "b": "[\n]", "c": [1, {"k": '"]'}]}),
+                                                             ("g", {})]
+    assert r.content == "x  y"
+
+
+def test_pythonic_refuses_values_json_cannot_store():
+    r = parse_tool_calls("[f(a={1, 2}), g(b=b'x'), h(c=1j), k(d=-1.5, e=None)]", "pythonic")
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("k", {"d": -1.5, "e": None})]
+    assert len(r.errors) == 3 and all("not a literal value" in e for e in r.errors)
+
+
+def test_pythonic_raw_text_of_many_calls():
+    r = parse_tool_calls("[" + ", ".join(f"f(i={i}, s='é{i}')" for i in range(300)) + "]", "pythonic")
+    assert [c.arguments_raw for c in r.tool_calls] == [f"f(i={i}, s='é{i}')" for i in range(300)]
+
+
+def test_hermes_single_quoted_call_is_parsed_and_reported():
+    r = parse_tool_calls("<tool_call>{'name': 'f', 'arguments': {'a': 1, 'b': [True, None]}}</tool_call>", "hermes")
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("f", {"a": 1, "b": [True, None]})]
+    assert len(r.errors) == 1 and "not strict JSON" in r.errors[0]
+    r = parse_tool_calls("<tool_call>{'name': open('x')}</tool_call>", "hermes")  # never evaluated
+    assert r.tool_calls == [] and "invalid JSON" in r.errors[0]
+
+
+@pytest.mark.parametrize("name", list(VALID))
+def test_arguments_nested_too_deep_are_a_format_error_not_a_crash(name):
+    from trajtune.schema import MAX_VALUE_DEPTH
+
+    for depth in (MAX_VALUE_DEPTH + 5, 2000):
+        deep = '{"a": ' * depth + "1" + "}" * depth
+        text = {"hermes": f'<tool_call>{{"name": "f", "arguments": {deep}}}</tool_call>',
+                "mistral": f'[TOOL_CALLS] [{{"name": "f", "arguments": {deep}}}]',
+                "llama3_json": f'{{"name": "f", "parameters": {deep}}}',
+                "pythonic": "[f(a=" + "[" * depth + "]" * depth + ")]",
+                "react": f"Action: f\nAction Input: {deep}",
+                "deepseek": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+                            f"{deep}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                "xml": f"<tool_call>\n<function=f>\n<parameter=a>\n{deep}\n</parameter>\n</function>\n</tool_call>",
+                "glm45": f"<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>{deep}</arg_value>\n</tool_call>",
+                "nemotron": f'<TOOLCALL>[{{"name": "f", "arguments": {deep}}}]</TOOLCALL>',
+                "cohere": f'<|START_ACTION|>[{{"tool_call_id": "0", "tool_name": "f", "parameters": {deep}}}]'
+                          "<|END_ACTION|>",
+                "lfm2": "<|tool_call_start|>[f(a=" + "[" * depth + "]" * depth + ")]<|tool_call_end|>",
+                "harmony": f" to=functions.f<|channel|>commentary json<|message|>{deep}"}[name]
+        PARSER_FNS[name](text)  # the raw parser: no RecursionError escapes
+        r = parse_tool_calls(text, name)
+        assert r.tool_calls == [] and r.errors, (name, depth)

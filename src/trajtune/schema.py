@@ -7,12 +7,13 @@ namespaced ``extra`` dicts, so a typo in a field name is an error instead of sil
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -26,6 +27,9 @@ Origin = Literal["user", "environment", "agent", "system"]
 # Why a trajectory ended. Open-ended on purpose ("…" in the spec): adapters may add reasons.
 Termination = str
 KNOWN_TERMINATIONS = ("done", "max_turns", "context_overflow", "length", "env_error", "timeout")
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -195,6 +199,110 @@ def generate_call_ids(traj: Trajectory) -> Trajectory:
 
 
 # ---------------------------------------------------------------------------------------------
+# Nesting depth
+#
+# JSON from models and datasets can be nested arbitrarily deep, but pydantic serialisation stops
+# at about 250 levels and recursive Python code at about 1000. trajtune therefore bounds depth:
+# data files refuse records nested deeper than MAX_RECORD_DEPTH, and converted records holding a
+# value deeper than MAX_VALUE_DEPTH (e.g. arguments parsed out of a string) (rule E112); parsers
+# refuse tool-call arguments deeper than MAX_VALUE_DEPTH, and writers of model output (the eval
+# store) replace any free-form value deeper than MAX_VALUE_DEPTH with DEPTH_MARKER so a run still
+# finishes.
+
+MAX_VALUE_DEPTH = 100
+MAX_RECORD_DEPTH = 128
+DEPTH_MARKER = f"<trajtune: value nested deeper than {MAX_VALUE_DEPTH} levels was cut here>"
+
+
+def depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds containers (dict/list/tuple) nested more than ``limit`` deep.
+
+    Iterative, so it cannot itself hit the recursion limit; stops at the first too-deep container."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            children: Iterable[Any] = v.values()
+        elif isinstance(v, (list, tuple)):
+            children = v
+        else:
+            continue
+        if d >= limit:
+            return True
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list, tuple)))
+    return False
+
+
+def cap_depth(value: Any, limit: int = MAX_VALUE_DEPTH, marker: str = DEPTH_MARKER) -> tuple[Any, int]:
+    """``(copy of value with every container deeper than limit replaced by marker, number replaced)``.
+
+    Returns ``value`` itself (and 0) when nothing is that deep. Iterative, like ``depth_exceeds``."""
+    if not depth_exceeds(value, limit):
+        return value, 0
+    holder: list[Any] = [None]
+    cut = 0
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 0, holder, 0)]
+    while stack:
+        v, d, parent, key = stack.pop()
+        if not isinstance(v, (dict, list, tuple)):
+            parent[key] = v
+        elif d >= limit:
+            parent[key] = marker
+            cut += 1
+        elif isinstance(v, dict):
+            new: Any = dict.fromkeys(v)
+            parent[key] = new
+            stack.extend((c, d + 1, new, k) for k, c in v.items())
+        else:
+            new = [None] * len(v)
+            parent[key] = new
+            stack.extend((c, d + 1, new, i) for i, c in enumerate(v))
+    return holder[0], cut
+
+
+def _free_values(v: Any) -> Iterator[Any]:
+    """The free-form (dict/list) values inside a model: arguments, extra, metadata, JSON parts, ..."""
+    if isinstance(v, BaseModel):
+        for name in type(v).model_fields:
+            yield from _free_values(getattr(v, name))
+    elif isinstance(v, list) and any(isinstance(x, BaseModel) for x in v):
+        for x in v:
+            yield from _free_values(x)
+    elif isinstance(v, (dict, list, tuple)):
+        yield v
+
+
+def model_depth_exceeds(model: BaseModel, limit: int = MAX_VALUE_DEPTH) -> bool:
+    """Whether any free-form value inside ``model`` nests deeper than ``limit`` (see ``depth_exceeds``)."""
+    return any(depth_exceeds(v, limit) for v in _free_values(model))
+
+
+def _cap_field(v: Any, limit: int) -> tuple[Any, int]:
+    if isinstance(v, BaseModel):
+        return cap_model_depth(v, limit)
+    if isinstance(v, list) and any(isinstance(x, BaseModel) for x in v):
+        pairs = [_cap_field(x, limit) for x in v]
+        n = sum(k for _, k in pairs)
+        return ([x for x, _ in pairs], n) if n else (v, 0)
+    if isinstance(v, (dict, list, tuple)):
+        return cap_depth(v, limit)
+    return v, 0
+
+
+def cap_model_depth(model: M, limit: int = MAX_VALUE_DEPTH) -> tuple[M, int]:
+    """``model`` (e.g. a Trajectory) with every free-form value (arguments, extra, metadata, JSON
+    parts, reference data) capped by :func:`cap_depth`; untouched parts are shared, not copied."""
+    updates: dict[str, Any] = {}
+    n = 0
+    for name in type(model).model_fields:
+        new, k = _cap_field(getattr(model, name), limit)
+        if k:
+            updates[name] = new
+            n += k
+    return (model.model_copy(update=updates) if updates else model), n
+
+
+# ---------------------------------------------------------------------------------------------
 # JSONL I/O
 
 
@@ -247,7 +355,11 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
     """
     p = Path(path)
     require_input(p)
-    with p.open("rb") as f:
+    if p.is_dir():
+        raise DataError(f"{p}: is a directory; pass a JSONL file (.jsonl or .jsonl.gz)")
+    with p.open("rb") as probe:
+        gzipped = probe.read(2) == b"\x1f\x8b"
+    with (gzip.open(p, "rb") if gzipped else p.open("rb")) as f:
         for lineno, raw in enumerate(f, start=1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
@@ -275,7 +387,37 @@ def load_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
 
 
 def trajectory_to_json(traj: Trajectory) -> str:
-    return json.dumps(traj.model_dump(mode="json", exclude_none=True, exclude_defaults=False), ensure_ascii=False)
+    """One JSONL line. pydantic's JSON mode refuses a dict key holding a lone surrogate (possible in
+    model output); the same content is then dumped from Python mode instead of failing the write."""
+    try:
+        data = traj.model_dump(mode="json", exclude_none=True, exclude_defaults=False)
+    except UnicodeEncodeError:
+        data = traj.model_dump(mode="python", exclude_none=True, exclude_defaults=False)
+    return json.dumps(data, ensure_ascii=False, default=str)
+
+
+def _output_error(path: Path, e: OSError) -> OutputError:
+    """An OutputError naming the output the user asked for, never the temp file the write failed on."""
+    if isinstance(e, OutputError):
+        return e
+    why = e.strerror or str(e)
+    bad_parent = next((a for a in [path.parent, *path.parent.parents] if a.exists() and not a.is_dir()), None)
+    if bad_parent is not None:
+        why = f"{bad_parent} is a file, not a directory"
+    elif path.is_dir():
+        why = "it is a directory; name a file inside it"
+    return OutputError(f"cannot write {path}: {why}")
+
+
+def _open_temp(p: Path) -> tuple[int, str]:
+    """Create ``p``'s directory and a temp file next to it; errors name ``p``."""
+    try:
+        if p.is_dir():
+            raise IsADirectoryError(21, "is a directory", str(p))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        raise _output_error(p, e) from None
 
 
 def _umask() -> int:
@@ -309,8 +451,7 @@ def normal_permissions(path: str | os.PathLike[str]) -> None:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write via a temp file in the same directory and rename, so readers never see half a file."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    fd, tmp = _open_temp(p)
     os.fchmod(fd, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -318,11 +459,13 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):
+            raise _output_error(p, e) from None
         raise
 
 
@@ -331,30 +474,46 @@ class AtomicJsonlWriter:
 
     def __init__(self, path: str | os.PathLike[str], overwrite: bool = False):
         self.path = Path(path)
-        if self.path.exists() and not overwrite:
+        if self.path.exists() and not overwrite and not self.path.is_dir():
             raise OutputError(f"{self.path} exists; pass --overwrite to replace it")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, self._tmp = _open_temp(self.path)
         os.fchmod(fd, 0o666 & ~_umask())
         self._f = os.fdopen(fd, "w", encoding="utf-8")
         self.count = 0
 
     def write(self, record: Trajectory | dict[str, Any]) -> None:
         line = trajectory_to_json(record) if isinstance(record, Trajectory) else json.dumps(record, ensure_ascii=False)
-        self._f.write(line + "\n")
+        try:
+            self._f.write(line + "\n")
+        except OSError as e:  # e.g. disk full: name the output, not the temp file
+            raise _output_error(self.path, e) from None
         self.count += 1
 
     def __enter__(self) -> "AtomicJsonlWriter":
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-        if exc_type is None:
+        if exc_type is not None:  # keep the original error; just leave nothing behind
+            self._discard()
+            return
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
             os.replace(self._tmp, self.path)
-        else:
+        except OSError as e:
+            self._discard()
+            raise _output_error(self.path, e) from None
+
+    def _discard(self) -> None:
+        try:
+            self._f.close()
+        except OSError:
+            pass
+        try:
             os.unlink(self._tmp)
+        except FileNotFoundError:
+            pass
 
 
 def write_trajectories(path: str | os.PathLike[str], trajs: Iterable[Trajectory | dict[str, Any]],

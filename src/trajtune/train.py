@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from trajtune.algorithms.sft import SFTObjective
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import RLRunConfig, SFTRunConfig, dump_config
 from trajtune.envs.base import make_env
-from trajtune.formats import load_any
+from trajtune.formats import LoadStats, load_any
 from trajtune.eval.run import evaluate
 from trajtune.experience import DatasetSource, RolloutSource
 from trajtune.errors import DataError, Interrupted, RunDirError, UsageError, require_input
@@ -32,6 +33,7 @@ from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
 from trajtune.rollout import RolloutConfig
 from trajtune.schema import Trajectory, atomic_write_text
+from trajtune.validate import record_check
 
 
 @dataclass
@@ -179,9 +181,12 @@ def open_run(cfg: SFTRunConfig | RLRunConfig, kind: str, overwrite: bool, resume
     return st, check_resume_config(st, cfg, kind, allow_change)
 
 
-def iter_data(path: str, fmt: str | None, skip_invalid: bool = False) -> Iterator[Trajectory]:
-    """Read training data in any supported format (auto-detected when ``fmt`` is None)."""
-    yield from load_any(path, format=fmt, skip_invalid=skip_invalid)
+def iter_data(path: str, fmt: str | None, skip_invalid: bool = False,
+              stats: LoadStats | None = None) -> Iterator[Trajectory]:
+    """Read training data in any supported format (auto-detected when ``fmt`` is None, gzip read
+    directly), refusing what `trajtune data validate` rejects (or, with ``skip_invalid``, skipping
+    it and counting it in ``stats``)."""
+    yield from load_any(path, format=fmt, skip_invalid=skip_invalid, stats=stats, check=record_check(path))
 
 
 def learner_config(cfg: SFTRunConfig | RLRunConfig, micro: int) -> LearnerConfig:
@@ -235,20 +240,29 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
     renderer = ChatRenderer(tok, cfg.render.to_render_config(train_on=cfg.data.train_on))
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     trajs = []
-    for i, t in enumerate(iter_data(cfg.data.path, cfg.data.format, cfg.data.skip_invalid)):
+    load = LoadStats()
+    for i, t in enumerate(iter_data(cfg.data.path, cfg.data.format, cfg.data.skip_invalid, load)):
         if cfg.data.limit and i >= cfg.data.limit:
             break
         trajs.append(t)
     if not trajs:
-        raise DataError(f"{cfg.data.path}: no training records")
+        raise DataError(f"{cfg.data.path}: no training records" +
+                        (f" ({load.skipped} invalid record(s) skipped: {dict(load.by_rule)})" if load.skipped else ""))
     tts = []
+    dropped: Counter = Counter()  # trajectories that give no trained token: counted, never dropped silently
     with bar("render", len(trajs), enabled=not quiet) as adv:
         for t in trajs:
             try:
-                tts.extend(renderer.render_samples(t))
+                samples = [s for s in renderer.render_samples(t) if any(w > 0 for w in s.weight)]
             except RenderError as e:
                 raise RenderError(f"{cfg.data.path}: trajectory {t.id!r}: {e}") from None
+            if not samples:
+                dropped["no_assistant_turn" if all(m.role != "assistant" for m in t.messages) else "no_trained_token"] += 1
+            tts.extend(samples)
             adv()
+    if not tts:
+        raise DataError(f"{cfg.data.path}: none of the {len(trajs)} records has a trained token ({dict(dropped)}); "
+                         "records need an assistant turn to learn (check data.train_on and the records' train flags)")
     n_rendered = len(tts)
     tts, n_cut = fit_length(tts, cfg.data.max_length, cfg.data.truncation)
     if n_rendered and not tts:
@@ -266,7 +280,9 @@ def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False,
                       learner_config(cfg, min(cfg.train.micro_batch_size, cfg.train.batch_size)), out,
                       eval_hook=hook, stop_after=stop_after)
     return _train_and_finish(learner, cfg, out, "sft", st, quiet, hook,
-                             {"train_records": len(tts), "truncated_or_dropped": n_cut})
+                             {"train_records": len(tts), "truncated_or_dropped": n_cut,
+                              "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
+                              "dropped_records": dict(dropped)})
 
 
 def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
-from trajtune.formats import ConversionError, FormatDetectionError, detect_format, get_format
+from trajtune.formats import ConversionError, FormatDetectionError, detect_format, get_format, too_deep
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, is_blank, iter_json_lines
 from trajtune.schema import (
     SUPPORTED_SCHEMA_VERSIONS,
@@ -55,6 +55,7 @@ _RULES = [
     Rule("W109", "conversion-warning", "the converter had to interpret suspicious input", "inspect the record; see the message"),
     Rule("E110", "convert-failed", "record does not fit the declared format", "check the record against the format's shape"),
     Rule("E111", "wrong-type", "a field has the wrong type", "fix the field's type (see docs/formats.md)"),
+    Rule("E112", "too-deep", "record is nested too deep to process safely", "flatten the deeply nested value"),
     # trajectory structure
     Rule("E201", "id-empty", "trajectory id missing or empty", "give every trajectory a non-empty string id"),
     Rule("E202", "schema-version", "schema_version not supported", f"use schema_version {SUPPORTED_SCHEMA_VERSIONS[-1]!r}"),
@@ -66,7 +67,8 @@ _RULES = [
     # calls and results
     Rule("E210", "call-id-duplicate", "tool call id used twice in a trajectory", "make call ids unique (or drop them and let trajtune generate)"),
     Rule("E211", "result-orphan", "tool message answers no earlier call", "set tool_call_id to the id of an earlier call"),
-    Rule("E212", "call-unanswered", "tool call has no tool result", "add the tool message or drop the call"),
+    Rule("E212", "call-unanswered", "tool call in the middle of a trajectory has no tool result",
+         "add the tool message or drop the call (a call in the last message needs none: it is the training target)"),
     Rule("W213", "final-call-unanswered", "final finish-style call has no result", "fine for agent data ending in finish; add a result if your template needs one"),
     Rule("E214", "call-answered-twice", "tool call answered by more than one tool message", "merge the results into one tool message"),
     Rule("W215", "result-order", "tool results not contiguous or not in call order", "put results right after their assistant message, in call order"),
@@ -207,6 +209,20 @@ def _is_finish(name: str) -> bool:
     return name.lower() in BUILTIN_TOOLS
 
 
+def _raw_matches(raw: str, args: dict[str, Any]) -> str:
+    """``same`` if ``raw`` parses to ``args``, ``double`` if it parses to a string that parses to
+    ``args`` (double-encoded), else ``differs``."""
+    try:
+        once = json.loads(raw)
+        if once == args:
+            return "same"
+        if isinstance(once, str) and json.loads(once) == args:
+            return "double"
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    return "differs"
+
+
 def _check_arguments(c: ToolCall, traj: Trajectory, loc: dict[str, Any], out: list[Finding]) -> None:
     if c.code is not None:
         if not c.code.language or not c.code.source:
@@ -242,11 +258,11 @@ def _check_arguments(c: ToolCall, traj: Trajectory, loc: dict[str, Any], out: li
         out.append(_finding("E220", f"call {c.id} ({c.name}): arguments not strictly JSON-serializable ({err})", **loc))
         return
     if c.arguments_raw is not None:
-        try:
-            same = json.loads(c.arguments_raw) == args
-        except (json.JSONDecodeError, RecursionError):
-            same = False
-        if not same:
+        raw_says = _raw_matches(c.arguments_raw, args)
+        if raw_says == "double":
+            out.append(_finding("W222", f"call {c.id} ({c.name}): arguments_raw is a JSON string holding the "
+                                        "arguments (double-encoded); arguments hold the decoded object", **loc))
+        elif raw_says != "same":
             out.append(_finding("E221", f"call {c.id} ({c.name}): arguments_raw does not parse to arguments", **loc))
     if len(args) == 1 and isinstance(args.get("arguments"), str):
         try:
@@ -339,15 +355,7 @@ def validate_trajectory(traj: Trajectory, *, file: str | None = None, line: int 
                 out.append(_finding("E214", f"call {m.tool_call_id!r} already answered at messages[{answered[m.tool_call_id]}]", **loc))
             else:
                 answered[m.tool_call_id] = i
-    last_assistant = max((i for i, m in enumerate(traj.messages) if m.role == "assistant"), default=-1)
-    for cid, (i, c) in calls.items():
-        if cid in answered:
-            continue
-        loc = {**base, "message_index": i}
-        if i == last_assistant and _is_finish(c.name):
-            out.append(_finding("W213", f"final call {c.name!r} ({cid}) has no result", **loc))
-        else:
-            out.append(_finding("E212", f"call {cid} ({c.name}) has no tool result", **loc))
+    _unanswered_calls(traj, calls, answered, base, out)
     # order: results right after their assistant message, in call order
     for i, m in enumerate(traj.messages):
         if m.role != "assistant" or not m.tool_calls:
@@ -367,6 +375,28 @@ def validate_trajectory(traj: Trajectory, *, file: str | None = None, line: int 
     elif sft and traj.messages[-1].role != "assistant":
         out.append(_finding("W252", f"last message is {traj.messages[-1].role}", **{**base, "message_index": len(traj.messages) - 1}))
     return out
+
+
+def _unanswered_calls(traj: Trajectory, calls: dict[str, tuple[int, ToolCall]], answered: dict[str, int],
+                      base: dict[str, Any], out: list[Finding]) -> None:
+    """E212 only where a result is missing in the middle of a trajectory.
+
+    A trajectory that *ends* on an assistant turn with calls (user -> assistant calls, the shape
+    of every single-turn function-calling dataset: xLAM-60k, Glaive, APIGen, BFCL ground truth;
+    also agent logs cut at their last action) is complete: the calls are what the model learns
+    to emit and no result can follow. A finish-style call in the last assistant turn keeps its
+    documented W213 note; other calls in the final message need no finding at all.
+    """
+    last_assistant = max((i for i, m in enumerate(traj.messages) if m.role == "assistant"), default=-1)
+    last = len(traj.messages) - 1
+    for cid, (i, c) in calls.items():
+        if cid in answered:
+            continue
+        loc = {**base, "message_index": i}
+        if i == last_assistant and _is_finish(c.name):
+            out.append(_finding("W213", f"final call {c.name!r} ({cid}) has no result", **loc))
+        elif i != last:
+            out.append(_finding("E212", f"call {cid} ({c.name}) has no tool result", **loc))
 
 
 # --------------------------------------------------------------------------- raw IR pre-checks
@@ -452,12 +482,16 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
             first = e.errors()[0]
             yield _finding("E111", f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}", **loc)
             continue
-        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:  # converter bug: still locate it
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError) as e:  # converter bug: still locate it
             yield _finding("E110", f"converter {fmt_name} failed: {type(e).__name__}: {e}",
                            hint="this record has an unexpected shape; please report it", **loc)
             continue
         for w in rep.warnings:
             yield _finding("W109", w, **loc)
+        deep = too_deep(traj, ln, file)
+        if deep is not None:
+            yield _finding("E112", deep.message, hint=deep.hint, **loc)
+            continue
         found = validate_trajectory(traj, file=file, line=ln.lineno, export_format=export_format, sft=sft,
                                     check_strings=False)
         if not bad and not any(f.severity == "E" for f in found):
@@ -465,6 +499,27 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
         yield from found
     if not seen:
         yield _finding("E104", "no records in file", file=file)
+
+
+def record_check(path: str | os.PathLike[str], *, sft: bool = True,
+                 export_format: str | None = None) -> Callable[[Trajectory, int], RecordError | None]:
+    """The validation rules as an ``iter_records(check=...)`` hook: the first error (E) finding of a
+    record as a :class:`RecordError` (file:line, record id, rule, message index, hint), or None.
+
+    Used by every command that reads data to produce something (convert, mix, split, dedup, sft),
+    so none of them accepts a record that ``trajtune data validate`` rejects. Warnings pass."""
+    def check(traj: Trajectory, line: int) -> RecordError | None:
+        errors = [f for f in validate_trajectory(traj, file=str(path), line=line, export_format=export_format, sft=sft)
+                  if f.severity == "E"]
+        if not errors:
+            return None
+        f = errors[0]
+        where = f"messages[{f.message_index}]: " if f.message_index is not None else ""
+        more = f" (+{len(errors) - 1} more error(s) in this record)" if len(errors) > 1 else ""
+        return RecordError(path, line, f"{f.name}: {where}{f.message}{more}", rule=f.rule, record_id=traj.id,
+                           hint=f.hint)
+
+    return check
 
 
 def validate_file(path: str | os.PathLike[str], format: str | None = None, **kw: Any) -> list[Finding]:
@@ -476,5 +531,5 @@ def has_errors(findings: list[Finding], strict: bool = False) -> bool:
     return any(f.severity == "E" or (strict and f.severity == "W") for f in findings)
 
 
-__all__ = ["BUILTIN_TOOLS", "Finding", "RULES", "Rule", "has_errors", "iter_findings", "schema_violations",
-           "validate_file", "validate_trajectory"]
+__all__ = ["BUILTIN_TOOLS", "Finding", "RULES", "Rule", "has_errors", "iter_findings", "record_check",
+           "schema_violations", "validate_file", "validate_trajectory"]

@@ -3,6 +3,11 @@
 Model output is data: parsers never raise on it and never evaluate it. Every problem becomes an
 entry in ``errors`` (counted as a format error by evaluation and usable as a negative signal by
 RL), and whatever could be recovered is still returned.
+
+They also stay cheap on adversarial text (a model can emit a megabyte of brackets): every parser
+is linear in the length of its input, JSON nested too deep for Python is an error rather than a
+RecursionError, and calls whose arguments nest deeper than ``MAX_VALUE_DEPTH`` are dropped with
+an error (nothing downstream — stores, checkers, templates — has to cope with them).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trajtune.schema import ToolCall, fill_call_id
+from trajtune.formats._base import literal_node_to_json, python_literal_to_json
+from trajtune.schema import MAX_VALUE_DEPTH, ToolCall, depth_exceeds, fill_call_id
 
 
 @dataclass
@@ -88,6 +94,7 @@ def parse_tool_calls(text: str, parser: str = "hermes", *, taken_ids: set[str] |
     if think is not None:  # else keep what the parser read (harmony analysis, Cohere thinking)
         result.reasoning = think
     result.errors[:0] = think_errors
+    _drop_too_deep(result)
     taken = taken_ids if taken_ids is not None else set()
     ordinal = id_start
     for call in result.tool_calls:
@@ -96,6 +103,25 @@ def parse_tool_calls(text: str, parser: str = "hermes", *, taken_ids: set[str] |
             continue
         ordinal = fill_call_id(call, taken, ordinal)
     return result
+
+
+def _drop_too_deep(result: ParseResult) -> None:
+    """Drop (and report) calls whose arguments nest deeper than ``MAX_VALUE_DEPTH`` levels."""
+    kept = []
+    for i, c in enumerate(result.tool_calls):
+        if c.arguments is not None and depth_exceeds(c.arguments, MAX_VALUE_DEPTH):
+            result.errors.append(f"tool call {i} ({c.name}): arguments nested deeper than {MAX_VALUE_DEPTH} levels; "
+                                 "call dropped")
+        else:
+            kept.append(c)
+    result.tool_calls = kept
+
+
+def _json_error(e: Exception) -> str:
+    """What went wrong decoding JSON, for an error message (RecursionError: too deep for Python)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at column {e.colno}"
+    return "nested too deep"
 
 
 def _call_from_obj(obj: Any, raw: str, errors: list[str], where: str) -> ToolCall | None:
@@ -114,7 +140,7 @@ def _call_from_obj(obj: Any, raw: str, errors: list[str], where: str) -> ToolCal
         # The OpenAI string form inside a Hermes block: double-encoded. Recover, but report it.
         try:
             decoded = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             errors.append(f"{where}: 'arguments' is a string that is not JSON")
             return ToolCall(id="", name=name, arguments=None, arguments_raw=args)
         errors.append(f"{where}: 'arguments' is double-encoded (a JSON string holding JSON)")
@@ -127,6 +153,22 @@ def _call_from_obj(obj: Any, raw: str, errors: list[str], where: str) -> ToolCal
 
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def _hermes_object(raw: str, errors: list[str], where: str) -> Any:
+    """JSON inside a ``<tool_call>`` block; failing that, a Python literal (``{'name': 'f', ...}``,
+    which some models write), read by ``ast`` rules and reported as a format error. None if neither."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as e:
+        why = _json_error(e)
+    try:
+        obj = python_literal_to_json(raw)
+    except ValueError:
+        errors.append(f"{where}: invalid JSON ({why})")
+        return None
+    errors.append(f"{where}: not strict JSON but a Python literal (e.g. single quotes); parsed with ast.literal_eval rules")
+    return obj
 
 
 @register_parser("hermes")
@@ -157,14 +199,10 @@ def parse_hermes(text: str) -> ParseResult:
         if not raw:
             errors.append(f"{where}: empty tool call")
         else:
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                errors.append(f"{where}: invalid JSON ({e.msg} at column {e.colno})")
-            else:
-                call = _call_from_obj(obj, raw, errors, where)
-                if call is not None:
-                    calls.append(call)
+            obj = _hermes_object(raw, errors, where)
+            call = _call_from_obj(obj, raw, errors, where) if obj is not None else None
+            if call is not None:
+                calls.append(call)
         index += 1
         if end < 0:
             break
@@ -219,8 +257,8 @@ def parse_mistral(text: str) -> ParseResult:
         if text[pos] in "[{":
             try:
                 obj, end = _DECODER.raw_decode(text, pos)
-            except json.JSONDecodeError as e:
-                errors.append(f"tool call {index}: invalid JSON after {_MISTRAL_TAG} ({e.msg} at column {e.colno})")
+            except (json.JSONDecodeError, RecursionError) as e:
+                errors.append(f"tool call {index}: invalid JSON after {_MISTRAL_TAG} ({_json_error(e)})")
                 break
             raw_all = text[pos:end]
             items = obj if isinstance(obj, list) else [obj]
@@ -242,8 +280,8 @@ def parse_mistral(text: str) -> ParseResult:
             apos = _skip_ws(text, a + len(_MISTRAL_ARGS))
             try:
                 args, end = _DECODER.raw_decode(text, apos)
-            except json.JSONDecodeError as e:
-                errors.append(f"tool call {index}: invalid JSON arguments ({e.msg} at column {e.colno})")
+            except (json.JSONDecodeError, RecursionError) as e:
+                errors.append(f"tool call {index}: invalid JSON arguments ({_json_error(e)})")
                 break
             call = _call_from_obj({"name": name, "arguments": args}, text[apos:end], errors, f"tool call {index}")
             if call is not None:
@@ -282,8 +320,8 @@ def parse_llama3_json(text: str) -> ParseResult:
             break
         try:
             obj, end = _DECODER.raw_decode(body, pos)
-        except json.JSONDecodeError as e:
-            errors.append(f"tool call {index}: invalid JSON ({e.msg} at column {e.colno})")
+        except (json.JSONDecodeError, RecursionError) as e:
+            errors.append(f"tool call {index}: invalid JSON ({_json_error(e)})")
             break
         call = _call_from_obj(obj, body[pos:end], errors, f"tool call {index}")
         if call is not None:
@@ -299,20 +337,90 @@ def parse_llama3_json(text: str) -> ParseResult:
 
 _PY_START = re.compile(r"\[\s*[A-Za-z_][\w.]*\s*\(")
 _FENCE = re.compile(r"```(?:tool_code|python|py)?[ \t]*\n?|```")
-_JSONISH = {"true": True, "false": False, "null": None}
 
 
 def _literal(node: ast.AST) -> Any:
-    """A literal value from an AST node; JSON spellings true/false/null accepted. Never evaluates."""
-    if isinstance(node, ast.Name) and node.id in _JSONISH:
-        return _JSONISH[node.id]
+    """A literal value from an AST node; JSON spellings true/false/null accepted. Never evaluates.
+
+    Lists, tuples and dicts are walked here (tuples stay tuples); every leaf goes through
+    ``literal_node_to_json``, so values JSON cannot store (sets, bytes, complex) are refused."""
     if isinstance(node, ast.List):
         return [_literal(e) for e in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_literal(e) for e in node.elts)
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise ValueError("** unpacking in a dict")
         return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
-    return ast.literal_eval(node)
+    return literal_node_to_json(node)
+
+
+_PY_MAX_NESTING = 200
+_PY_SCAN = re.compile(r"""['"#()\[\]{}]""")
+_PY_STR_END = {q: re.compile(r"\\|\n|" + re.escape(q)) for q in ("'", '"')}
+_PY_STR_END.update({q * 3: re.compile(r"\\|" + re.escape(q * 3)) for q in ("'", '"')})
+
+
+def _string_end(text: str, pos: int, quote: str) -> int:
+    """Index just past the Python string literal whose opening ``quote`` ends at ``pos``; -1 if unterminated."""
+    pattern = _PY_STR_END[quote]
+    while True:
+        m = pattern.search(text, pos)
+        if m is None or m.group() == "\n":
+            return -1
+        if m.group() == "\\":
+            pos = m.end() + 1  # skip the escaped character (a quote, a newline, a backslash)
+            continue
+        return m.end()
+
+
+def _closing_bracket(text: str, start: int) -> int:
+    """Index of the ``]`` that closes the ``[`` at ``start``, skipping strings and comments; -1 when
+    the list is unterminated or its brackets do not match. One left-to-right pass: linear time
+    (trying ``ast.parse`` at every ``]`` instead is quadratic on ``[f(a=' + ']' * n``)."""
+    stack: list[str] = []
+    pos = start
+    while True:
+        m = _PY_SCAN.search(text, pos)
+        if m is None:
+            return -1
+        ch, pos = m.group(), m.end()
+        if ch in "([{":
+            stack.append({"(": ")", "[": "]", "{": "}"}[ch])
+            if len(stack) > _PY_MAX_NESTING:  # Python's own parser refuses this much nesting
+                return -1
+        elif ch in ")]}":
+            if not stack or stack.pop() != ch:
+                return -1
+            if not stack:
+                return m.start()
+        elif ch == "#":
+            nl = text.find("\n", pos)
+            if nl < 0:
+                return -1
+            pos = nl
+        else:
+            quote = ch * 3 if text.startswith(ch * 3, m.start()) else ch
+            pos = _string_end(text, m.start() + len(quote), quote)
+            if pos < 0:
+                return -1
+
+
+class _Segments:
+    """``ast.get_source_segment`` for many nodes of one source in linear total time (the stdlib
+    version re-splits the whole source for every node: quadratic for a list of many calls)."""
+
+    def __init__(self, source: str):
+        self.data = source.encode("utf-8", "surrogatepass")
+        self.starts = [0] + [m.end() for m in re.finditer(rb"\r\n|\r|\n", self.data)]
+
+    def get(self, node: ast.AST) -> str | None:
+        try:
+            a = self.starts[node.lineno - 1] + node.col_offset  # type: ignore[attr-defined]
+            b = self.starts[node.end_lineno - 1] + node.end_col_offset  # type: ignore[attr-defined]
+        except (AttributeError, IndexError, TypeError):
+            return None
+        return self.data[a:b].decode("utf-8", "replace")
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -328,8 +436,9 @@ def _dotted(node: ast.AST) -> str | None:
 def parse_pythonic(text: str) -> ParseResult:
     """Pythonic calls (Llama 3.2/4, Gemma ``tool_code``): ``[f(a=1), g(b="x")]``.
 
-    The list is parsed with ``ast`` and each keyword value read with ``ast.literal_eval`` on its
-    node: nothing is ever evaluated, so ``[f(a=__import__('os'))]`` is a parse error, not a call.
+    The list is parsed with ``ast`` and each keyword value read from its node by literal rules
+    (what ``ast.literal_eval`` accepts and JSON can store): nothing is ever evaluated, so
+    ``[f(a=__import__('os'))]`` is a parse error, not a call.
     """
     errors: list[str] = []
     calls: list[ToolCall] = []
@@ -337,17 +446,13 @@ def parse_pythonic(text: str) -> ParseResult:
     if m is None:
         return ParseResult(content=_tidy(_FENCE.sub("", text)))
     start = m.start()
+    end = _closing_bracket(text, start)
     tree: ast.Expression | None = None
-    end = start
-    while True:  # the shortest bracketed span that parses as one expression
-        end = text.find("]", end + 1)
-        if end < 0:
-            break
+    if end >= 0:
         try:
-            tree = ast.parse(text[start:end + 1].strip(), mode="eval")
-            break
-        except SyntaxError:
-            continue
+            tree = ast.parse(text[start:end + 1], mode="eval")
+        except (SyntaxError, ValueError, MemoryError, RecursionError):  # MemoryError: "too complex to parse"
+            tree = None
     if tree is None:
         errors.append("unterminated or invalid call list")
         return ParseResult(content=_tidy(_FENCE.sub("", text[:start])), errors=errors)
@@ -358,13 +463,14 @@ def parse_pythonic(text: str) -> ParseResult:
         return ParseResult(content=_tidy(content), errors=errors)
     if not tree.body.elts:
         errors.append("empty call list")
+    segments = _Segments(text[start:end + 1])
     for i, node in enumerate(tree.body.elts):
         where = f"tool call {i}"
         if not isinstance(node, ast.Call) or _dotted(node.func) is None:
             errors.append(f"{where}: not a function call")
             continue
         name = _dotted(node.func) or ""
-        raw = ast.get_source_segment(text[start:end + 1].strip(), node) or name
+        raw = segments.get(node) or name
         if node.args:
             errors.append(f"{where}: positional arguments are not allowed (use name=value)")
             continue
@@ -403,8 +509,8 @@ def _react_args(raw: str, where: str, errors: list[str]) -> dict[str, Any] | Non
     if raw.startswith("{"):
         try:
             obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            errors.append(f"{where}: action input looks like JSON but is invalid ({e.msg})")
+        except (json.JSONDecodeError, RecursionError) as e:
+            errors.append(f"{where}: action input looks like JSON but is invalid ({_json_error(e)})")
             return None
         if isinstance(obj, dict):
             return obj
@@ -465,8 +571,24 @@ def parse_react(text: str) -> ParseResult:
 
 _DS_CALLS_BEGIN, _DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _DS_CALL_BEGIN, _DS_CALL_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_DS_CALL = re.compile(r"^\s*(?:function)?\s*" + re.escape(_DS_SEP) + r"\s*([^\n]+?)\s*\n\s*```(?:json)?\s*\n?(.*?)\n?\s*```\s*$",
-                      re.DOTALL)
+
+
+def _ds_call(piece: str) -> tuple[str, str] | None:
+    """``(name, raw arguments)`` of one DeepSeek call: ``function<sep>name\n```json\n{…}\n`````.
+
+    Plain string operations rather than one regex: a lazy regex over this shape backtracks
+    quadratically (or worse) on long runs of whitespace, which a model can emit."""
+    head, sep, rest = piece.partition(_DS_SEP)
+    if not sep or head.strip() not in ("", "function"):
+        return None
+    name, nl, body = rest.lstrip().partition("\n")
+    name, body = name.strip(), body.strip()
+    if not nl or not name or not body.startswith("```") or len(body) < 6 or not body.endswith("```"):
+        return None
+    inner = body[3:-3]
+    if inner.startswith("json"):
+        inner = inner[4:]
+    return name, inner.strip()
 
 
 @register_parser("deepseek")
@@ -499,17 +621,17 @@ def parse_deepseek(text: str) -> ParseResult:
             piece = piece[:piece.index(_DS_CALL_END)]
         else:
             errors.append(f"{where}: unterminated {_DS_CALL_BEGIN}")
-        m = _DS_CALL.match(piece)
-        if m is None:
+        parts = _ds_call(piece)
+        if parts is None:
             errors.append(f"{where}: expected function{_DS_SEP}name followed by a ```json block")
             continue
-        raw = m.group(2).strip()
+        name, raw = parts
         try:
             args = json.loads(raw) if raw else {}
-        except json.JSONDecodeError as e:
-            errors.append(f"{where}: invalid JSON arguments ({e.msg} at column {e.colno})")
+        except (json.JSONDecodeError, RecursionError) as e:
+            errors.append(f"{where}: invalid JSON arguments ({_json_error(e)})")
             continue
-        call = _call_from_obj({"name": m.group(1), "arguments": args}, raw, errors, where)
+        call = _call_from_obj({"name": name, "arguments": args}, raw, errors, where)
         if call is not None:
             calls.append(call)
     return ParseResult(content=_tidy(content), tool_calls=calls, errors=errors)
@@ -528,9 +650,15 @@ def _scalar_or_text(raw: str) -> Any:
     """
     try:
         value = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
+    except json.JSONDecodeError:
         return raw
+    except RecursionError:  # JSON nested beyond what Python decodes: certainly not a plain string
+        raise _TooDeep from None
     return raw if isinstance(value, str) else value
+
+
+class _TooDeep(ValueError):
+    """A value nested too deep to decode (reported by the caller as a format error)."""
 
 
 def _between(text: str, start: int, close: str) -> tuple[str, int, bool]:
@@ -567,7 +695,11 @@ def _xml_params(body: str, where: str, errors: list[str]) -> dict[str, Any] | No
             errors.append(f"{where}: {'duplicate' if name else 'empty'} parameter name {name!r}")
             return None
         raw = raw[1:] if raw.startswith("\n") else raw  # the template writes "\n" + value + "\n"
-        args[name] = _scalar_or_text(raw[:-1] if raw.endswith("\n") else raw)
+        try:
+            args[name] = _scalar_or_text(raw[:-1] if raw.endswith("\n") else raw)
+        except _TooDeep:
+            errors.append(f"{where}: parameter {name!r} is nested deeper than {MAX_VALUE_DEPTH} levels")
+            return None
 
 
 @register_parser("xml")
@@ -640,9 +772,17 @@ def parse_glm45(text: str) -> ParseResult:
             continue
         args: dict[str, Any] = {}
         at = 0
+        deep = False
         while (m := _GLM_PAIR.match(rest, at)) is not None and m.group(1).strip() not in args:
-            args[m.group(1).strip()] = _scalar_or_text(m.group(2))
+            try:
+                args[m.group(1).strip()] = _scalar_or_text(m.group(2))
+            except _TooDeep:
+                errors.append(f"{where}: argument {m.group(1).strip()!r} is nested deeper than {MAX_VALUE_DEPTH} levels")
+                deep = True
+                break
             at = m.end()
+        if deep:
+            continue
         if rest[at:].strip():  # also a repeated key: the pair is left unread
             errors.append(f"{where}: expected <arg_key>K</arg_key><arg_value>V</arg_value> pairs, "
                           f"got {rest[at:].strip()[:60]!r}")

@@ -142,9 +142,13 @@ def _template_args(c: ToolCall, as_string: bool) -> Any:
     """A call's arguments for a template: a dict (a string would be double-encoded), or the JSON
     string for templates that print arguments as given. A call whose arguments could not be decoded
     (``arguments`` None, ``arguments_raw`` set) is passed as the raw string: that is the text the model
-    wrote, and templates such as Qwen's print a string as-is."""
+    wrote, and templates such as Qwen's print a string as-is. A custom call's free-text ``input`` goes
+    in as ``{"input": …}`` (the form the react parser reads back), so the action's text is trained."""
     if c.arguments is not None:
         return json.dumps(c.arguments, ensure_ascii=False) if as_string else c.arguments
+    if c.type == "custom" and c.input is not None:  # a free-text action (ReAct name[input]): trained as text
+        args = {"input": c.input}
+        return json.dumps(args, ensure_ascii=False) if as_string else args
     if c.arguments_raw is not None:
         try:
             decoded = json.loads(c.arguments_raw)

@@ -25,8 +25,8 @@ import typer
 
 from trajtune.errors import DataError, ModelLoadError, OutputError, UsageError, require_input
 from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
-from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES
-from trajtune.schema import AtomicJsonlWriter, Trajectory
+from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem
+from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
 
 data_app = typer.Typer(
     help="Validate, convert and prepare trajectory datasets.\n\nExample: trajtune data validate data.jsonl",
@@ -42,19 +42,26 @@ MaxLineOpt = typer.Option(DEFAULT_MAX_LINE_BYTES // (1024 * 1024), "--max-line-m
 
 
 @contextmanager
-def _path_errors() -> Iterator[None]:
-    """An input path that is a directory or unreadable is a data error, reported with its name."""
+def _path_errors(skippable: bool = False) -> Iterator[None]:
+    """An input path that is a directory or unreadable is a data error, reported with its name;
+    ``skippable``: the command has ``--skip-invalid``, so a bad record's message says so."""
     try:
         yield
+    except RecordError as e:
+        if not skippable:
+            raise
+        raise DataError(f"{e}\n(pass --skip-invalid to skip invalid records; they are counted and reported)") from None
     except (IsADirectoryError, PermissionError) as e:
         raise DataError(f"{e.filename}: {e.strerror}") from None
 
 
 def _input(path: Path) -> Path:
-    """The same check, message and exit code for a missing input file in every command."""
+    """The same check, message and exit code for a missing or unreadable input file in every command
+    (gzip files are fine)."""
     require_input(path)
-    if not path.is_file():
-        raise DataError(f"{path}: not a file")
+    why = input_problem(path)
+    if why is not None:
+        raise DataError(why)
     return path
 
 
@@ -66,7 +73,16 @@ def _format(name: str) -> Any:
         raise UsageError(str(e.args[0]) if e.args else str(e)) from None
 
 
+def _valid(path: Path) -> Any:
+    """The validation rules as a record check, so outputs hold only what `data validate` accepts."""
+    from trajtune.validate import record_check
+
+    return record_check(path)
+
+
 def _check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
+    if out.is_dir():
+        raise OutputError(f"cannot write {out}: it is a directory; name a file inside it")
     if out.exists() and not overwrite:
         raise OutputError(f"{out} exists; pass --overwrite to replace it")
     for i in inputs:
@@ -93,7 +109,7 @@ def _print_skips(stats: LoadStats, label: str = "") -> None:
 
 @data_app.command()
 def validate(
-    files: list[Path] = typer.Argument(..., help="JSONL files to check."),
+    files: list[Path] = typer.Argument(..., help="JSONL files to check (plain or gzipped)."),
     format: Optional[str] = FromOpt,
     strict: bool = typer.Option(False, "--strict", help="Also fail (exit 1) on warnings."),
     as_json: bool = typer.Option(False, "--json", help="Print findings as JSON instead of a table."),
@@ -166,7 +182,7 @@ def _print_findings_table(rows: list[Any], report: list[dict[str, Any]], max_row
 
 @data_app.command()
 def convert(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     output: Path = typer.Option(..., "--out", "-o", help="Output JSONL file (written atomically)."),
     to: str = typer.Option(..., "--to", "-t", help="Output format: ir, openai, adp, sharegpt, xlam, react, hermes, …"),
     format: Optional[str] = FromOpt,
@@ -176,9 +192,13 @@ def convert(
 ) -> None:
     """Convert a trajectory file between formats, declaring what each conversion loses.
 
+    Records are checked with the same rules as `data validate`: any error stops the conversion
+    (nothing is written) unless --skip-invalid, which leaves them out and reports them. Input may
+    be gzipped (.jsonl.gz).
+
     Example: trajtune data convert agent.jsonl --from sharegpt --to openai -o agent.openai.jsonl
     """
-    with _path_errors():
+    with _path_errors(skippable=True):
         _input(input)
         _check_output(output, overwrite, [input])
         export = _exporter(to)
@@ -189,7 +209,7 @@ def convert(
         warnings = 0
         with AtomicJsonlWriter(output, overwrite=overwrite) as w:
             for _, traj, rep in iter_records(input, format, skip_invalid=skip_invalid, stats=stats,
-                                             max_line_bytes=max_line_mb * 1024 * 1024):
+                                             max_line_bytes=max_line_mb * 1024 * 1024, check=_valid(input)):
                 rec, rep2 = export(traj)
                 for loss in rep2.losses:
                     losses[loss] += 1
@@ -227,13 +247,14 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
                                for c in m.tool_calls]
         msgs.append(d)
     if getattr(tok, "chat_template", None):
+        # Render to text, then tokenize as training does (ChatRenderer.encode). Not tokenize=True:
+        # transformers 5 returns a BatchEncoding there, whose len() is its number of keys.
         try:
-            ids = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=True)
-            if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding (a mapping, not a dict)
-                ids = ids["input_ids"]
-            return len(ids)
+            text = tok.apply_chat_template(msgs, tools=[t.to_openai() for t in traj.tools] or None, tokenize=False)
         except Exception:  # a template that rejects this shape: count the plain text instead
-            pass
+            text = None
+        if isinstance(text, str):
+            return len(tok(text, add_special_tokens=False)["input_ids"])
     text = "\n".join(filter(None, [m.thought or "" for m in traj.messages] + [m["content"] for m in msgs] +
                             [json.dumps(c["function"], ensure_ascii=False) for m in msgs for c in m.get("tool_calls", [])]))
     return len(tok(text, add_special_tokens=False)["input_ids"])
@@ -241,7 +262,7 @@ def _token_length(tok: Any, traj: Trajectory) -> int:
 
 @data_app.command()
 def stats(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     format: Optional[str] = FromOpt,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Tokenizer for token lengths: a model alias, .gguf file or local path."),
     skip_invalid: bool = typer.Option(True, "--skip-invalid/--no-skip-invalid", help="Count invalid records instead of stopping."),
@@ -378,7 +399,7 @@ def mix(
 
     Example: trajtune data mix react.jsonl:0.7 cot.jsonl:0.3 -o mixed.jsonl --seed 1
     """
-    with _path_errors():
+    with _path_errors(skippable=True):
         parsed = [_parse_source(s) for s in sources]
         for p, _ in parsed:
             _input(p)
@@ -389,7 +410,7 @@ def mix(
         counts = []
         for p, _ in parsed:
             ls = LoadStats()
-            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls)))
+            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls, check=_valid(p))))
             _print_skips(ls, f" in {p}")
         if n is None:
             n = min(int(c * total_w / w) for c, (_, w) in zip(counts, parsed))
@@ -406,7 +427,8 @@ def mix(
         picked: list[Trajectory] = []
         for (p, _), idx in zip(parsed, chosen):
             want = Counter(idx)
-            for i, (_, traj, _) in enumerate(iter_records(p, format, skip_invalid=skip_invalid, stats=LoadStats())):
+            for i, (_, traj, _) in enumerate(iter_records(p, format, skip_invalid=skip_invalid, stats=LoadStats(),
+                                                          check=_valid(p))):
                 for _ in range(want.get(i, 0)):
                     t = traj.model_copy(deep=True)
                     if t.provenance is not None and t.provenance.dataset is None:
@@ -430,7 +452,7 @@ def _bucket(key: str, seed: int) -> float:
 
 @data_app.command()
 def split(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     out_dir: Path = typer.Option(..., "--out", "-o", help="Directory for the split files (NAME.jsonl)."),
     ratios: str = typer.Option("train=0.9,val=0.1", "--ratios", help="NAME=FRACTION,… (normalised)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the id hash."),
@@ -443,7 +465,7 @@ def split(
 
     Example: trajtune data split all.jsonl -o splits/ --ratios train=0.8,val=0.1,test=0.1
     """
-    with _path_errors():
+    with _path_errors(skippable=True):
         parts: list[tuple[str, float]] = []
         for item in ratios.split(","):
             name, sep, frac = item.partition("=")
@@ -469,7 +491,7 @@ def split(
         ls = LoadStats()
         writers = [AtomicJsonlWriter(o, overwrite=overwrite) for o in outs]
         try:
-            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=_valid(input)):
                 b = _bucket(traj.id, seed)
                 k = next((i for i, e in enumerate(edges) if b < e), len(edges) - 1)
                 writers[k].write(export(traj)[0])
@@ -509,7 +531,7 @@ def dedup_key(traj: Trajectory, mode: str) -> bytes:
 
 @data_app.command()
 def dedup(
-    input: Path = typer.Argument(..., help="Input JSONL file."),
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped, e.g. data.jsonl.gz)."),
     output: Path = typer.Option(..., "--out", "-o", help="Output JSONL file."),
     mode: str = typer.Option("normalized", "--mode", help="exact (same messages and calls) or normalized (case/whitespace-insensitive text)."),
     to: str = typer.Option("ir", "--to", "-t", help="Output format."),
@@ -524,7 +546,7 @@ def dedup(
     if mode not in ("exact", "normalized", "normalised"):
         raise UsageError(f"--mode must be exact or normalized, got {mode!r}")
     mode = "normalized" if mode == "normalised" else mode
-    with _path_errors():
+    with _path_errors(skippable=True):
         _input(input)
         _check_output(output, overwrite, [input])
         export = _exporter(to)
@@ -532,7 +554,7 @@ def dedup(
         dropped = 0
         ls = LoadStats()
         with AtomicJsonlWriter(output, overwrite=overwrite) as w:
-            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=_valid(input)):
                 k = dedup_key(traj, mode)
                 if k in seen:
                     dropped += 1

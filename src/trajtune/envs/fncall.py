@@ -49,6 +49,7 @@ from trajtune.envs.base import Environment, ResetResult, StepResult, Task, regis
 from trajtune.envs.fncall_gen import build_task, function_pool, join_and, snake
 from trajtune.envs.fncall_vocab import RESULT_POOLS
 from trajtune.envs.toolenv import make_tasks
+from trajtune.errors import EnvError
 from trajtune.envs.tools import tool_message
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
@@ -77,14 +78,14 @@ class FncallOptions(BaseModel):
 
 
 def parse_options(kwargs: dict[str, Any]) -> FncallOptions:
-    """Validate environment kwargs; a bad one is a one-line ``ValueError`` naming the field."""
+    """Validate environment kwargs; a bad one is a one-line ``EnvError`` naming the field."""
     try:
         return FncallOptions(**kwargs)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or "options"
         known = ", ".join(FncallOptions.model_fields)
-        raise ValueError(f"fncall option {field}: {err['msg']} (known options: {known})") from None
+        raise EnvError(f"fncall option {field}: {err['msg']} (known options: {known})") from None
 
 
 # ---------------------------------------------------------------------------------------------

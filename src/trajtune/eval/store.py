@@ -9,6 +9,14 @@ Layout of ``--out``:
   worst leave a partial last line; ``--resume`` drops it and carries on.
 - ``results.json``: the metrics, written last with temp file + rename.
 
+Episodes hold model output, which can be nested arbitrarily deep (a model that emits tool-call
+arguments 500 levels deep). Before an episode is written, every free-form value in it (call
+arguments, ``extra``, ``metadata``, JSON parts) nested deeper than ``MAX_VALUE_DEPTH`` (100)
+levels is replaced by the string ``DEPTH_MARKER`` ("<trajtune: value nested deeper than 100
+levels was cut here>") and ``metadata["depth_capped"]`` counts the cuts, so one pathological
+answer cannot stop an evaluation; the text the model wrote is still in the message content or
+``arguments_raw``.
+
 An existing directory holding any of these files is refused unless ``resume`` (continue) or
 ``overwrite`` (delete these three files, nothing else) is given.
 """
@@ -23,7 +31,15 @@ from typing import Any
 
 from trajtune.errors import DataError, OutputError, UsageError
 from trajtune.eval.metrics import eval_meta
-from trajtune.schema import RecordError, Trajectory, atomic_write_text, parse_trajectory, trajectory_to_json
+from trajtune.schema import (
+    MAX_VALUE_DEPTH,
+    RecordError,
+    Trajectory,
+    atomic_write_text,
+    cap_model_depth,
+    parse_trajectory,
+    trajectory_to_json,
+)
 
 RUN_FILE = "run.json"
 EPISODES_FILE = "episodes.jsonl"
@@ -66,7 +82,9 @@ class EvalStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         if not self.run_path.exists():
             atomic_write_text(self.run_path, json.dumps(settings, indent=1, sort_keys=True, default=str))
-        self._f = self.episodes_path.open("a", encoding="utf-8")
+        # A lone surrogate (possible in model text) cannot be UTF-8 encoded; "backslashreplace" writes
+        # it as \udXXX, which inside a JSON string is exactly its JSON escape, so the line stays valid.
+        self._f = self.episodes_path.open("a", encoding="utf-8", errors="backslashreplace")
 
     def _check_settings(self, settings: dict[str, Any]) -> None:
         if not self.run_path.exists():
@@ -111,8 +129,14 @@ class EvalStore:
                 f.write(b"\n")
 
     def append(self, trajs: Iterable[Trajectory]) -> None:
-        """Write finished episodes and force them to disk before anything else happens."""
+        """Write finished episodes and force them to disk before anything else happens.
+
+        Over-deep values are cut first (see the module docstring); what is kept in ``done`` is
+        what was written, so a resumed run sees the same episodes."""
         for t in trajs:
+            t, cut = cap_model_depth(t, MAX_VALUE_DEPTH)
+            if cut:
+                t = t.model_copy(update={"metadata": {**t.metadata, "depth_capped": cut}})
             self._f.write(trajectory_to_json(t) + "\n")
             self.done[episode_key(t)] = t
         self._f.flush()

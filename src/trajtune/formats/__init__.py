@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +25,12 @@ from pydantic import ValidationError
 
 from trajtune.errors import DataError
 from trajtune.formats._base import ConversionError, ConversionReport, Format, canonical_json
-from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, is_blank, iter_json_lines
-from trajtune.schema import RecordError, Trajectory, parse_trajectory
+from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, Line, is_blank, iter_json_lines
+from trajtune.schema import MAX_VALUE_DEPTH, RecordError, Trajectory, model_depth_exceeds, parse_trajectory
 
 __all__ = [
-    "ConversionError", "ConversionReport", "Format", "FormatDetectionError", "LoadStats", "canonical_json",
-    "detect_format", "get_format", "iter_records", "list_formats", "load_any", "register_format",
+    "ConversionError", "ConversionReport", "Format", "FormatDetectionError", "LoadStats", "RecordCheck", "canonical_json",
+    "detect_format", "get_format", "iter_records", "list_formats", "load_any", "register_format", "too_deep",
 ]
 
 
@@ -64,7 +64,7 @@ _ALIASES: dict[str, str] = {"trajtune": "ir", "llamafactory": "sharegpt", "llama
                             "actionstudio": "xlam", "qwen": "hermes", "fireact": "react", "agentinstruct": "react",
                             "openai-chat": "openai", "chat": "openai"}
 # Built-in modules are imported lazily so importing trajtune.formats stays cheap.
-_BUILTIN = ["openai", "adp", "sharegpt", "xlam", "react", "hermes", "bfcl"]
+_BUILTIN = ["openai", "adp", "sharegpt", "xlam", "xlam_fc", "react", "hermes", "bfcl"]
 _loaded_builtins = False
 
 
@@ -93,7 +93,7 @@ def _ensure_builtins() -> None:
                 continue
             raise
         if callable(getattr(m, "to_ir", None)):
-            register_format(getattr(m, "NAME", mod), m)
+            register_format(getattr(m, "NAME", mod), m, aliases=tuple(getattr(m, "ALIASES", ())))
         for extra_name, obj in getattr(m, "EXTRA_FORMATS", {}).items():
             register_format(extra_name, obj)
 
@@ -166,13 +166,27 @@ def _record_id(obj: Any) -> str | None:
     return None
 
 
+RecordCheck = Callable[[Trajectory, int], "RecordError | None"]
+
+
+def too_deep(traj: Trajectory, ln: Line, path: str | os.PathLike[str] | None = None) -> RecordError | None:
+    """E112 for a converted record holding a value nested deeper than ``MAX_VALUE_DEPTH`` (e.g. tool-call
+    arguments parsed out of a string): such values break serialisation later, far from their line."""
+    if ln.brackets <= MAX_VALUE_DEPTH or not model_depth_exceeds(traj, MAX_VALUE_DEPTH):
+        return None
+    return RecordError(path, ln.lineno, f"a value (e.g. tool-call arguments) is nested deeper than {MAX_VALUE_DEPTH} levels",
+                       rule="E112", record_id=traj.id, hint="flatten the deeply nested value")
+
+
 def iter_records(path: str | os.PathLike[str], format: str | None = None, skip_invalid: bool = False,
                  stats: LoadStats | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                 ) -> Iterator[tuple[int, Trajectory, ConversionReport]]:
-    """Stream ``(line, trajectory, report)`` from a JSONL file in any registered format.
+                 check: RecordCheck | None = None) -> Iterator[tuple[int, Trajectory, ConversionReport]]:
+    """Stream ``(line, trajectory, report)`` from a JSONL file (plain or gzip) in any registered format.
 
     Bad lines raise :class:`RecordError` (file, line, rule, hint) unless ``skip_invalid``, in
-    which case they are counted in ``stats``.
+    which case they are counted in ``stats``. ``check(trajectory, line)`` may reject a converted
+    record the same way (``trajtune.validate.record_check`` applies the validation rules), so
+    every command that reads data can refuse exactly what ``trajtune data validate`` rejects.
     """
     _ensure_builtins()
     stats = stats if stats is not None else LoadStats()
@@ -213,10 +227,12 @@ def iter_records(path: str | os.PathLike[str], format: str | None = None, skip_i
                 loc = ".".join(str(x) for x in first["loc"])
                 err = RecordError(path, ln.lineno, f"{loc}: {first['msg']}", rule="E111", record_id=_record_id(ln.value),
                                   hint="a field has the wrong type for the IR; fix the source record")
-            except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+            except (TypeError, AttributeError, KeyError, IndexError, ValueError, RecursionError) as e:
                 # A converter bug on odd input must still name the line instead of killing a long run.
                 err = RecordError(path, ln.lineno, f"converter {name} failed: {type(e).__name__}: {e}", rule="E110",
                                   record_id=_record_id(ln.value), hint="this record has an unexpected shape; please report it")
+            else:
+                err = too_deep(traj, ln, path) or (check(traj, ln.lineno) if check is not None else None)
         if err is not None:
             if not skip_invalid:
                 raise err
@@ -229,10 +245,12 @@ def iter_records(path: str | os.PathLike[str], format: str | None = None, skip_i
 
 
 def load_any(path: str | os.PathLike[str], format: str | None = None, skip_invalid: bool = False,
-             stats: LoadStats | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> Iterator[Trajectory]:
+             stats: LoadStats | None = None, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+             check: RecordCheck | None = None) -> Iterator[Trajectory]:
     """Stream trajectories from ``path`` in ``format`` (auto-detected from the first record when None).
 
     This is what training and eval configs call for ``data: {path, format}``.
     """
-    for _, traj, _ in iter_records(path, format, skip_invalid=skip_invalid, stats=stats, max_line_bytes=max_line_bytes):
+    for _, traj, _ in iter_records(path, format, skip_invalid=skip_invalid, stats=stats, max_line_bytes=max_line_bytes,
+                                   check=check):
         yield traj

@@ -6,6 +6,7 @@ validator can reuse the exact same argument-parsing rules the converters apply.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -141,21 +142,77 @@ def restore_record_id(tx: dict[str, Any], traj_id: str) -> dict[str, Any]:
     return {}
 
 
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def literal_node_to_json(node: ast.AST) -> Any:
+    """The JSON value a Python-literal AST node spells, or ValueError. Never evaluates anything.
+
+    Accepts what ``ast.literal_eval`` accepts *and JSON can hold* (str, int, float, bool, None,
+    lists, tuples as lists, dicts with string keys, signed numbers) plus JSON's own ``true``,
+    ``false``, ``null`` spellings; sets, bytes, complex numbers and names are refused, since they
+    could not be stored as JSON later."""
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if v is None or isinstance(v, (str, bool, int, float)):
+            return v
+        raise ValueError(f"{type(v).__name__} is not a JSON value")
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)) and \
+            isinstance(node.operand, ast.Constant) and type(node.operand.value) in (int, float):
+        return -node.operand.value if isinstance(node.op, ast.USub) else node.operand.value
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [literal_node_to_json(e) for e in node.elts]
+    if isinstance(node, ast.Dict):
+        out: dict[str, Any] = {}
+        for k, v in zip(node.keys, node.values):
+            key = literal_node_to_json(k) if k is not None else None
+            if not isinstance(key, str):
+                raise ValueError("dict keys must be strings")
+            out[key] = literal_node_to_json(v)
+        return out
+    raise ValueError(f"{type(node).__name__} is not a literal value")
+
+
+def python_literal_to_json(text: str) -> Any:
+    """Parse text written as a Python literal (e.g. ``{'name': 'f', 'arguments': {'a': True}}``, the
+    single-quoted form many datasets and models write instead of JSON) into a JSON value.
+
+    Uses ``ast.parse`` and :func:`literal_node_to_json`, never ``eval``. Raises ValueError."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+        return literal_node_to_json(tree.body)
+    except (SyntaxError, RecursionError, MemoryError, TypeError) as e:
+        raise ValueError(f"not a Python literal: {type(e).__name__}") from None
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The JSON object ``text`` holds, directly or double-encoded; None for anything else."""
+    try:
+        parsed = json.loads(text)
+        if isinstance(parsed, str):
+            parsed = json.loads(parsed)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
 def parse_arguments(raw: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Map a source ``arguments`` value to the IR pair (arguments, arguments_raw).
 
     Strings are kept verbatim in ``arguments_raw`` and parsed when they hold a JSON object; dicts
-    are taken as-is. Anything else (invalid JSON, a JSON list, a double-encoded string) leaves
-    ``arguments`` as None for the validator to report: converters never repair silently.
+    are taken as-is. A double-encoded string (a JSON string whose value is a JSON object's text,
+    common in scraped OpenAI logs) is decoded to that object: its content is unambiguous, the
+    original stays in ``arguments_raw`` (so OpenAI export gives it back byte for byte) and the
+    validator reports it (W222) — without this, exporters to object formats would write ``{}``.
+    Anything else (invalid JSON, a JSON list) leaves ``arguments`` as None for the validator to
+    report: converters never guess.
     """
     if isinstance(raw, dict):
         return raw, None
     if isinstance(raw, str):
-        try:
-            parsed = json.loads(raw)
-        except (json.JSONDecodeError, RecursionError):
-            return None, raw
-        return (parsed if isinstance(parsed, dict) else None), raw
+        return _json_object(raw), raw
     if raw is None:
         return None, None
     # A list/number: keep its JSON text so nothing is lost, the validator flags it.

@@ -24,6 +24,7 @@ from trajtune.formats._base import (
     expect_object,
     link_tool_results,
     parse_arguments,
+    python_literal_to_json,
     speaker_turn,
 )
 from trajtune.formats._common_export import declare_message_losses, declare_trajectory_losses
@@ -96,6 +97,23 @@ def parse_tools_block(text: str, report: ConversionReport) -> list[ToolSpec]:
     return out
 
 
+def _call_object(raw: str, report: ConversionReport, where: str) -> Any:
+    """The object inside one ``<tool_call>`` block: JSON, or else a Python literal (single quotes,
+    ``True``/``None``), which is reported as not strict JSON. None (reported) when it is neither."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as e:
+        why = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deep"
+    try:
+        obj = python_literal_to_json(raw)
+    except ValueError:
+        report.warn(f"{where}: <tool_call> holds invalid JSON ({why}); the turn is kept as plain text")
+        return None
+    report.warn(f"{where}: <tool_call> is not strict JSON but a Python literal (e.g. single quotes); "
+                "read with ast.literal_eval rules")
+    return obj
+
+
 def parse_assistant_text(text: str, report: ConversionReport, where: str = "") -> tuple[str | None, str | None, list[ToolCall] | None]:
     """``(reasoning, content, calls)`` from one assistant turn; bad blocks keep the text as content."""
     reasoning = None
@@ -123,10 +141,8 @@ def parse_assistant_text(text: str, report: ConversionReport, where: str = "") -
             report.warn(f"{where}: unterminated <tool_call>; the turn is kept as plain text")
             return reasoning, body, None
         raw = body[start + len(_CALL_OPEN):end].strip()
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            report.warn(f"{where}: <tool_call> holds invalid JSON ({e.msg}); the turn is kept as plain text")
+        obj = _call_object(raw, report, where)
+        if obj is None:
             return reasoning, body, None
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             report.warn(f"{where}: <tool_call> lacks a 'name'; the turn is kept as plain text")

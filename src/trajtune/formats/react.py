@@ -188,8 +188,17 @@ def format_action(c: ToolCall) -> str:
     if c.type == "custom" or c.code is not None:
         arg = c.input if c.input is not None else (c.code.source if c.code is not None else "")
         return f"Action: {c.name}[{arg}]"
-    raw = c.arguments_raw if c.arguments_raw is not None else json.dumps(c.arguments or {}, ensure_ascii=False)
+    raw = c.arguments_raw
+    if raw is None or (c.arguments is not None and _loads_or_none(raw) != c.arguments):  # e.g. double-encoded
+        raw = json.dumps(c.arguments or {}, ensure_ascii=False)
     return f"Action: {c.name}\nAction Input: {raw}"
+
+
+def _loads_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        return None
 
 
 def from_ir(traj: Trajectory) -> tuple[dict[str, Any], ConversionReport]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from trajtune.benchmarks.bfcl.ast_checker import check_ast, check_relevance
@@ -59,9 +59,9 @@ class BFCLItemResult:
     trajectory: Trajectory | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("trajectory")
-        return d
+        """The scalar fields. Not ``dataclasses.asdict``: that deep-copies the trajectory too (only to
+        drop it), which raises RecursionError on a model answer with deeply nested arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trajectory"}
 
 
 def default_parse_fn(parser: str = "hermes") -> Callable[[str], Parsed]:
