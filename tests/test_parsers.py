@@ -486,3 +486,15 @@ def test_arguments_nested_too_deep_are_a_format_error_not_a_crash(name):
         PARSER_FNS[name](text)  # the raw parser: no RecursionError escapes
         r = parse_tool_calls(text, name)
         assert r.tool_calls == [] and r.errors, (name, depth)
+
+
+def test_a_call_that_does_not_parse_keeps_the_models_text():
+    from trajtune.chat.parsers import assistant_message
+
+    text = 'Sure.\n<tool_call>{"name": "f", "arguments": {"a": 1,}}</tool_call>'
+    p = parse_tool_calls(text, "hermes")
+    m = assistant_message(p.content, p.tool_calls, p.errors, text)
+    assert p.errors and m.tool_calls is None and m.content == "Sure."
+    assert m.extra == {"parse_errors": p.errors, "raw_text": text}  # the broken call can be read, not only counted
+    ok = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}</tool_call>', "hermes")
+    assert assistant_message(ok.content, ok.tool_calls, ok.errors, "x").extra == {}

@@ -38,7 +38,7 @@ REAL_DEFAULTS: dict[str, Any] = {
     "bfcl_limit": 100,  # the first entries of BFCL simple_python
     "min_distractors": 0,
     "max_distractors": 2,
-    "sft_steps": 40,
+    "sft_steps": 80,
     "batch_size": 4,
     "lr": 3e-4,
     "lora_r": 16,

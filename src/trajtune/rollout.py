@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from trajtune.chat.parsers import parse_tool_calls
+from trajtune.chat.parsers import assistant_message, parse_tool_calls
 from trajtune.chat.render import (
     SOURCE_ENV,
     SOURCE_POLICY,
@@ -192,8 +192,7 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
             text = tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
             parsed = parse_tool_calls(text, cfg.parser, taken_ids=e.taken_ids)
             e.format_errors += len(parsed.errors)
-            msg = Message(role="assistant", content=parsed.content or None, tool_calls=parsed.tool_calls or None,
-                          origin="agent", extra={"parse_errors": parsed.errors} if parsed.errors else {})
+            msg = assistant_message(parsed.content, parsed.tool_calls, parsed.errors, text)
             e.messages.append(msg)
             e.turns += 1
             if not ended:

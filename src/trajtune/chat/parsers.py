@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trajtune.formats._base import literal_node_to_json, python_literal_to_json
-from trajtune.schema import MAX_VALUE_DEPTH, ToolCall, depth_exceeds, fill_call_id
+from trajtune.schema import MAX_VALUE_DEPTH, Message, ToolCall, depth_exceeds, fill_call_id
 
 
 @dataclass
@@ -33,6 +33,15 @@ class ParseResult:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+def assistant_message(content: str, tool_calls: list[ToolCall] | None, errors: list[str], raw: str) -> Message:
+    """The assistant turn the model wrote, as parsed. Where parsing failed, the raw text is kept
+    (``extra.raw_text``, beside ``extra.parse_errors``): a call that did not parse is dropped from
+    the content, and without it a format error could be counted but never read."""
+    extra: dict[str, Any] = {"parse_errors": errors, "raw_text": raw} if errors else {}
+    return Message(role="assistant", content=content or None, tool_calls=tool_calls or None, origin="agent",
+                   extra=extra)
 
 
 Parser = Callable[[str], ParseResult]

@@ -19,10 +19,12 @@ from trajtune.chat.templates import strip_jinja_comments
 
 Render = Callable[[list[dict[str, Any]], Any, bool], str]
 
-_SYS, _U1, _U2, _ANS, _REASON, _RESULT = ("Zq1 system note", "Zq2 user asks", "Zq3 user again", "Zq4 answer text",
-                                         "Zq5 reasoning text", "Zq6 tool result")
+_SYS, _U1, _U2, _ANS, _REASON = ("Zq1 system note", "Zq2 user asks", "Zq3 user again", "Zq4 answer text",
+                                  "Zq5 reasoning text")
+PROBE_RESULT = "Zq6 tool result"
 PROBE_TOOL_NAME, PROBE_TOOL_DESC = "zq_probe_lookup", "Zq8 looks up a probe value."
-_ARG_VALUE = "Zq7-argument"
+PROBE_ARG_VALUE = "Zq7-argument"
+_RESULT, _ARG_VALUE = PROBE_RESULT, PROBE_ARG_VALUE
 PROBE_CALL_ID = "zqCall001"  # 9 alphanumeric characters: the strictest id rule (Mistral) accepts it
 PROBE_TOOL = {"type": "function", "function": {
     "name": PROBE_TOOL_NAME, "description": PROBE_TOOL_DESC,

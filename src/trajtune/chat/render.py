@@ -18,8 +18,12 @@ from typing import Any, Literal
 
 from trajtune import errors
 from trajtune.chat.profile import (
+    PROBE_ARG_VALUE,
     PROBE_CALL_ID,
+    PROBE_RESULT,
     PROBE_TOOL,
+    PROBE_TOOL_DESC,
+    PROBE_TOOL_NAME,
     TemplateProfile,
     probe_call,
     probe_template,
@@ -239,7 +243,7 @@ class ChatRenderer:
     # -- what the template can do ------------------------------------------------------------
     def _profile(self) -> TemplateProfile:
         """Probe the template, then apply the config's explicit choices over what was measured."""
-        p = probe_template(self._render_raw)
+        p = probe_template(self.render_text)
         c = self.config
         for key, attr in (("system_role", "system_role"), ("content_format", "content"),
                           ("arguments_format", "arguments")):
@@ -290,7 +294,7 @@ class ChatRenderer:
         except RenderError as e:
             return f"the template fails on a tool call ({e})"
         body = full[len(prompt):] if full.startswith(prompt) else full[full.find("Hi") + 2:]
-        want = [(call["function"]["name"], {"zq_key": "Zq7-argument"})]
+        want = [(PROBE_TOOL_NAME, {"zq_key": PROBE_ARG_VALUE})]
         # The turn ends with closing tokens the parser need not understand (``<|end|>``, an eos):
         # peel them off one at a time until the call reads back.
         specials = special_strings(self.tok)
@@ -305,8 +309,8 @@ class ChatRenderer:
             body = stripped[: -len(last)]
 
     def _fallback_renders(self, fmt: ToolFormat) -> bool:
-        tools = [ToolSpec(name="zq_probe_lookup", description="Zq8 looks up a probe value.")]
-        call = ToolCall(id="call_000000", name="zq_probe_lookup", arguments={"zq_key": "Zq7-argument"})
+        tools = [ToolSpec(name=PROBE_TOOL_NAME, description=PROBE_TOOL_DESC)]
+        call = ToolCall(id=PROBE_CALL_ID, name=PROBE_TOOL_NAME, arguments={"zq_key": PROBE_ARG_VALUE})
         # (no tool result here: how results reach the template is probed once the format is known)
         msgs = [Message(role="user", content="Hi"), Message(role="assistant", tool_calls=[call])]
         saved = self.format
@@ -318,7 +322,7 @@ class ChatRenderer:
             return False
         finally:
             self.format = saved
-        return all(w in text for w in ("zq_probe_lookup", "Zq8 looks up", "Zq7-argument"))
+        return all(w in text for w in (PROBE_TOOL_NAME, PROBE_TOOL_DESC, PROBE_ARG_VALUE))
 
     def _probe_tool_role(self) -> None:
         if self.config.tool_role != "auto":
@@ -331,7 +335,7 @@ class ChatRenderer:
         else:
             assistant = {"role": "assistant", "content": self._wrap("<tool_call>x</tool_call>")}
             tools = None
-        probe_tool_role(self._render_raw, self.profile, assistant, tools, text_format=self.format is not None)
+        probe_tool_role(self.render_text, self.profile, assistant, tools, text_format=self.format is not None)
 
     def _end_of_turns(self) -> list[str]:
         """The strings that close an assistant turn: an answer's closer first, then a call's if it differs."""
@@ -339,16 +343,16 @@ class ChatRenderer:
         self.closer_appended = False
         if given:
             return [given] if isinstance(given, str) else list(given)
-        final, self.closer_appended = detect_end_of_turn(self._render_raw, self.tok, self._wrap)
+        final, self.closer_appended = detect_end_of_turn(self.render_text, self.tok, self._wrap)
         eots = [final] if final else []
         if self.format is None and self.profile.calls_rendered:
             user = {"role": "user", "content": self._wrap("Hi")}
             call_turn = {"role": "assistant", "content": self._wrap(""),
                          "tool_calls": [probe_call(self.profile.arguments)]}
             result = {"role": "tool" if self.profile.tool_role == "native" else "user",
-                      "tool_call_id": PROBE_CALL_ID, "content": self._wrap("Zq6 tool result")}
-            call_eot = detect_call_end_of_turn(self._render_raw, self.tok, [user], call_turn, result, [PROBE_TOOL],
-                                               "Zq7-argument", appended=self.closer_appended)
+                      "tool_call_id": PROBE_CALL_ID, "content": self._wrap(PROBE_RESULT)}
+            call_eot = detect_call_end_of_turn(self.render_text, self.tok, [user], call_turn, result, [PROBE_TOOL],
+                                               PROBE_ARG_VALUE, appended=self.closer_appended)
             if call_eot and call_eot not in eots:
                 eots.append(call_eot)
         if not eots:
@@ -360,9 +364,6 @@ class ChatRenderer:
 
     def _wrap(self, text: str) -> Any:
         return [{"type": "text", "text": text}] if self.profile.content == "parts" else text
-
-    def _render_raw(self, messages: list[dict[str, Any]], tools: Any, add_generation_prompt: bool) -> str:
-        return self.render_text(messages, tools, add_generation_prompt)
 
     def describe(self) -> list[str]:
         """What this renderer does with the template, in words (for ``trajtune doctor``)."""

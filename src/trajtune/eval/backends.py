@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from trajtune.chat.parsers import parse_tool_calls
+from trajtune.chat.parsers import assistant_message, parse_tool_calls
 from trajtune.envs.base import Environment, Task
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 
@@ -113,8 +113,7 @@ class _TextPolicy:
 def text_to_message(text: str, parser: str) -> Message:
     """Model text -> assistant message; parse errors recorded in ``extra`` (as the rollout does)."""
     p = parse_tool_calls(text, parser)
-    return Message(role="assistant", content=p.content or None, tool_calls=p.tool_calls or None, origin="agent",
-                   extra={"parse_errors": p.errors} if p.errors else {})
+    return assistant_message(p.content, p.tool_calls, p.errors, text)
 
 
 class TextBackend:

@@ -109,10 +109,10 @@ def _parse(parse_fn: ParseFn, text: str) -> Parsed:
         return Parsed(text, [], [str(e)])
 
 
-def _assistant(p: Parsed, keep_calls: bool) -> Message:
-    return Message(role="assistant", content=p.content or None, origin="agent",
-                   tool_calls=(p.tool_calls or None) if keep_calls else None,
-                   extra={"parse_errors": p.errors} if p.errors else {})
+def _assistant(p: Parsed, keep_calls: bool, raw: str) -> Message:
+    from trajtune.chat.parsers import assistant_message
+
+    return assistant_message(p.content, p.tool_calls if keep_calls else None, p.errors, raw)
 
 
 def score_single_turn(traj: Trajectory, text: str, parse_fn: ParseFn) -> BFCLItemResult:
@@ -128,7 +128,7 @@ def score_single_turn(traj: Trajectory, text: str, parse_fn: ParseFn) -> BFCLIte
         r = check_ast(data["functions"], p.tool_calls, data["ground_truth"], cat)
     valid, reason, message = (False, "format_error", "; ".join(p.errors)) if r is None else r.as_tuple()
     out_traj = traj.model_copy(deep=True)
-    out_traj.messages.append(_assistant(p, keep_calls=True))
+    out_traj.messages.append(_assistant(p, keep_calls=True, raw=text))
     out_traj.reward = 1.0 if valid else 0.0
     out_traj.outcome = Outcome(success=valid, termination="done")
     out_traj.metadata = {**out_traj.metadata, "bfcl_reason": reason, "bfcl_message": message,
@@ -147,7 +147,8 @@ def run_multi_turn_episode(env: Any, task: Any, generate_fn: GenerateFn, parse_f
     termination = "done"
     taken: set[str] = set()
     for _ in range(env.max_turns):
-        p = _parse(parse_fn, generate_fn(messages, tools))
+        text = generate_fn(messages, tools)
+        p = _parse(parse_fn, text)
         format_errors += len(p.errors)
         # Unique call ids over the episode (tool messages answer them).
         for c in p.tool_calls:
@@ -157,7 +158,7 @@ def run_multi_turn_episode(env: Any, task: Any, generate_fn: GenerateFn, parse_f
                     k += 1
                 c.id, c.id_generated = f"call_{k:06d}", True
             taken.add(c.id)
-        msg = _assistant(p, keep_calls=not p.errors)
+        msg = _assistant(p, keep_calls=not p.errors, raw=text)
         n_calls += len(msg.tool_calls or [])
         messages.append(msg)
         res = env.step(msg)
