@@ -491,7 +491,7 @@ def test_arguments_nested_too_deep_are_a_format_error_not_a_crash(name):
 def test_a_call_that_does_not_parse_keeps_the_models_text():
     from trajtune.chat.parsers import assistant_message
 
-    text = 'Sure.\n<tool_call>{"name": "f", "arguments": {"a": 1,}}</tool_call>'
+    text = 'Sure.\n<tool_call>{"name": "f", "arguments": {"a" 1}}</tool_call>'
     p = parse_tool_calls(text, "hermes")
     m = assistant_message(p.content, p.tool_calls, p.errors, text)
     assert p.errors and m.tool_calls is None and m.content == "Sure."
