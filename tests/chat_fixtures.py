@@ -524,3 +524,27 @@ def fold_roles(msgs: list[dict[str, Any]], system: bool = True, tools: bool = Tr
             prompt = ""
         out.append(d)
     return [{k: v for k, v in d.items() if k != "folded"} for d in out]
+
+
+def policy_texts(tok: Any, samples: list[Any]) -> list[str]:
+    """The decoded policy tokens of each assistant turn, in turn order, over one or more samples."""
+    from trajtune.chat.render import SOURCE_POLICY
+
+    turns: dict[int, list[int]] = {}
+    for s in samples:
+        for i, src, t in zip(s.ids, s.source, s.turn):
+            if src == SOURCE_POLICY:
+                turns.setdefault(t, []).append(i)
+    return [tok.decode(turns[k], skip_special_tokens=False) for k in sorted(turns)]
+
+
+def rollout_text(renderer: Any, traj: Trajectory, turns: list[str]) -> str:
+    """The text a rollout builds for ``traj``: the first prompt, each turn as the model wrote it
+    (``turns``), and the observation text the renderer appends after each turn but the last."""
+    a_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    text = renderer.prompt_text(traj.messages[: a_idx[0]], traj.tools)
+    for k, i in enumerate(a_idx):
+        text += turns[k]
+        if k + 1 < len(a_idx):
+            text += renderer.observation_text(traj.messages[: a_idx[k + 1]], traj.tools, i + 1)
+    return text

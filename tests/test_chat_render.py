@@ -10,7 +10,7 @@ import json
 import re
 
 import pytest
-from chat_fixtures import EXPECT, FAMILIES, TOOLS, conversation, tokenizer_for
+from chat_fixtures import EXPECT, FAMILIES, TOOLS, conversation, policy_texts, rollout_text, tokenizer_for
 
 from trajtune.chat.render import (
     SOURCE_ENV,
@@ -306,14 +306,7 @@ def test_rollout_text_path_equals_static_render(name):
     traj = conversation()
     r = ChatRenderer(tok)
     tt = r.render(traj)
-    turns = policy_by_turn(tok, [tt])
-    a_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
-    text = r.prompt_text(traj.messages[: a_idx[0]], traj.tools)
-    for k, i in enumerate(a_idx):
-        text += turns[k]
-        if k + 1 < len(a_idx):
-            text += r.observation_text(traj.messages[: a_idx[k + 1]], traj.tools, i + 1)
-    assert text == tok.decode(tt.ids, skip_special_tokens=False)
+    assert rollout_text(r, traj, policy_texts(tok, [tt])) == tok.decode(tt.ids, skip_special_tokens=False)
 
 
 def test_tiny_observation_text(home):

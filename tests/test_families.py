@@ -10,22 +10,22 @@ expectation is the family's own rendering of a turn whose content holds that tex
 from __future__ import annotations
 
 import pytest
-from chat_fixtures import EXPECT, NEW_FAMILIES, _hermes_calls, cohere_ids, conversation, tokenizer_for
+from chat_fixtures import (
+    EXPECT,
+    NEW_FAMILIES,
+    _hermes_calls,
+    cohere_ids,
+    conversation,
+    policy_texts,
+    rollout_text,
+    tokenizer_for,
+)
 
 from trajtune.chat.doctor import check_template
 from trajtune.chat.render import SOURCE_POLICY, ChatRenderer, RenderConfig, RenderError
 from trajtune.schema import Message
 
 TRAINABLE = [n for n in NEW_FAMILIES if n != "deepseek_r1"]
-
-
-def policy_by_turn(tok, samples) -> list[str]:
-    out: dict[int, list[int]] = {}
-    for s in samples:
-        for i, src, t in zip(s.ids, s.source, s.turn):
-            if src == SOURCE_POLICY:
-                out.setdefault(t, []).append(i)
-    return [tok.decode(out[k], skip_special_tokens=False) for k in sorted(out)]
 
 
 def expected_turns(name: str, traj, renderer: ChatRenderer) -> list[str]:
@@ -55,7 +55,7 @@ def test_policy_tokens_are_exactly_each_assistant_turn(name):
     traj = conversation()
     samples = r.render_samples(traj)
     assert len(samples) == (1 if fam.prefix_stable else 4)
-    assert policy_by_turn(tok, samples) == expected_turns(name, traj, r)
+    assert policy_texts(tok, samples) == expected_turns(name, traj, r)
     eot_ids = {tok.convert_tokens_to_ids(e) for e in r.eots}
     for s in samples:
         s.check()
@@ -86,14 +86,7 @@ def test_rollout_text_path_equals_static_render(name):
     r = ChatRenderer(tok)
     traj = conversation()
     tt = r.render(traj)
-    turns = policy_by_turn(tok, [tt])
-    a_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
-    text = r.prompt_text(traj.messages[: a_idx[0]], traj.tools)
-    for k, i in enumerate(a_idx):
-        text += turns[k]
-        if k + 1 < len(a_idx):
-            text += r.observation_text(traj.messages[: a_idx[k + 1]], traj.tools, i + 1)
-    assert text == tok.decode(tt.ids, skip_special_tokens=False)
+    assert rollout_text(r, traj, policy_texts(tok, [tt])) == tok.decode(tt.ids, skip_special_tokens=False)
 
 
 def test_glm_turns_end_with_the_next_role_token_which_rollouts_stop_on():

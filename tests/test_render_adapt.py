@@ -13,7 +13,7 @@ import json
 from functools import lru_cache
 
 import pytest
-from chat_fixtures import CALL_1, CALL_2, CORPUS, conversation, tokenizer_for
+from chat_fixtures import CALL_1, CALL_2, CORPUS, conversation, policy_texts, rollout_text, tokenizer_for
 
 from trajtune.chat.doctor import check_template
 from trajtune.chat.parsers import parse_tool_calls
@@ -43,15 +43,6 @@ def make_tok(special: tuple[str, ...], eos: str) -> object:
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=eos,
                                    additional_special_tokens=[s for s in special if s != eos],
                                    clean_up_tokenization_spaces=False)
-
-
-def policy_texts(tok, samples) -> list[str]:
-    turns: dict[int, list[int]] = {}
-    for s in samples:
-        for i, src, t in zip(s.ids, s.source, s.turn):
-            if src == SOURCE_POLICY:
-                turns.setdefault(t, []).append(i)
-    return [tok.decode(turns[k], skip_special_tokens=False) for k in sorted(turns)]
 
 
 def decoded(tok, tt) -> str:
@@ -130,14 +121,7 @@ def test_rollout_text_path_equals_static_render_under_a_text_format():
     r = ChatRenderer(tok, chat_template=SMOLLM2)
     traj = conversation()
     tt = r.render(traj)
-    turns = policy_texts(tok, [tt])
-    a_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
-    text = r.prompt_text(traj.messages[: a_idx[0]], traj.tools)
-    for k, i in enumerate(a_idx):
-        text += turns[k]
-        if k + 1 < len(a_idx):
-            text += r.observation_text(traj.messages[: a_idx[k + 1]], traj.tools, i + 1)
-    assert text == decoded(tok, tt)
+    assert rollout_text(r, traj, policy_texts(tok, [tt])) == decoded(tok, tt)
 
 
 # -- adaptations found by probing --------------------------------------------------------------
