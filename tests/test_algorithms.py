@@ -16,7 +16,7 @@ from trajtune.algorithms.grpo import (
     overlong_penalty,
 )
 from trajtune.algorithms.sft import SFTObjective, eaft_weights
-from trajtune.chat.render import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
+from trajtune.tokens import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
 
 def test_group_advantages_vectors():

@@ -22,7 +22,8 @@ from trajtune.algorithms.grpo import (
     apply_termination_policy,
     assign_advantages,
 )
-from trajtune.chat.render import ChatRenderer, TokenTrajectory
+from trajtune.chat.render import ChatRenderer
+from trajtune.tokens import TokenTrajectory
 from trajtune.envs.base import Environment, Task
 from trajtune.rollout import RolloutConfig, run_rollouts
 

@@ -28,7 +28,7 @@ import torch
 
 from trajtune.algorithms.base import Objective
 from trajtune.algorithms.batch import collate
-from trajtune.chat.render import TokenTrajectory
+from trajtune.tokens import TokenTrajectory
 from trajtune.errors import RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
 

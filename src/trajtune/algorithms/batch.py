@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import torch
 
-from trajtune.chat.render import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
+from trajtune.tokens import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
 from trajtune.errors import DataError
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from trajtune.algorithms.batch import Batch, token_logprobs
-from trajtune.chat.render import SOURCE_POLICY, TokenTrajectory
+from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
