@@ -29,10 +29,15 @@ class LoraConfig(BaseModel):
 
 
 def _quiet_transformers() -> None:
-    """trajtune draws its own progress bars; transformers' per-load bars would interleave with them."""
+    """trajtune draws its own progress bars; transformers' per-load bars would interleave with them.
+    PEFT (<= 0.24) reads a transformers attribute deprecated in 5.x on every LoRA wrap; that warning
+    is about PEFT's code, not the user's, so it is not shown."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
