@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from model_fixtures import FixedLogits
 from trajtune.algorithms.batch import Batch
 from trajtune.algorithms.grpo import (
     PolicyGradientObjective,
@@ -135,17 +136,6 @@ def test_eaft_weights_and_gradient():
     torch.testing.assert_close(g1, w.detach().unsqueeze(-1) * lg2.grad)
 
 
-class _FixedLogits(torch.nn.Module):
-    """A 'model' returning given logits, to check objective arithmetic exactly."""
-
-    def __init__(self, logits):
-        super().__init__()
-        self.logits = torch.nn.Parameter(logits)
-
-    def forward(self, input_ids, attention_mask=None, use_cache=False):
-        return type("O", (), {"logits": self.logits})()
-
-
 def test_sft_loss_is_token_mean_ce_over_policy_tokens_only():
     torch.manual_seed(0)
     logits = torch.randn(1, 4, 7)
@@ -154,7 +144,7 @@ def test_sft_loss_is_token_mean_ce_over_policy_tokens_only():
     b = Batch(ids, torch.ones_like(ids), src, torch.ones(1, 4), torch.zeros(1, 4), None, torch.zeros(1, 4),
               torch.zeros(1), 1)
     obj = SFTObjective()
-    model = _FixedLogits(logits.clone())
+    model = FixedLogits(logits.clone())
     loss, _ = obj.loss_sum(model, b)
     lp = torch.log_softmax(logits, -1)
     want = -(lp[0, 0, 2] + lp[0, 2, 4]) / 2  # tokens 1 and 3 are policy, predicted from positions 0 and 2
@@ -164,16 +154,22 @@ def test_sft_loss_is_token_mean_ce_over_policy_tokens_only():
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
-def test_a_group_with_a_non_finite_reward_is_dropped_and_counted(bad):
+def test_a_non_finite_reward_becomes_env_error_with_zero_weight_and_leaves_the_baseline(bad):
     tts = [_tt(1.0, 2, group="a"), _tt(bad, 2, group="a"), _tt(0.0, 2, group="a"),
            _tt(1.0, 2, group="b"), _tt(0.0, 2, group="b")]
     kept, m = assign_advantages(tts, "grpo")
-    assert [t.group for t in kept] == ["b", "b"] and m["nonfinite_reward_groups"] == 1
+    assert m["nonfinite_rewards"] == 1 and len(kept) == 5
+    bad_t = kept[1]
+    assert bad_t.termination == "env_error" and all(w == 0.0 for w in bad_t.weight)
+    assert all(a == 0.0 for a in bad_t.advantages)
+    # the rest of group a is judged against its finite members only: rewards [1, 0] -> ±0.7071 (unbiased std)
+    assert kept[0].advantages[1] == pytest.approx(0.7071, abs=1e-4)
+    assert kept[2].advantages[1] == pytest.approx(-0.7071, abs=1e-4)
     assert all(math.isfinite(a) for t in kept for a in t.advantages)
     for est in ("dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"):
         kept, m = assign_advantages([_tt(1.0, 2, group="a"), _tt(bad, 2, group="a"), _tt(0.0, 2, group="b"),
                                      _tt(1.0, 2, group="b")], est)
-        assert m["nonfinite_reward_groups"] == 1 and all(math.isfinite(a) for t in kept for a in t.advantages), est
+        assert m["nonfinite_rewards"] == 1 and all(math.isfinite(a) for t in kept for a in t.advantages), est
 
 
 def test_sft_loss_and_gradients_from_selected_positions_equal_the_full_computation(tiny_model, tiny_tok,

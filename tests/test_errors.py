@@ -52,7 +52,7 @@ def test_a_bug_shows_its_traceback_and_exits_1(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise ValueError("internal inconsistency")
 
-    monkeypatch.setattr(trajtune.train, "run_sft", broken)
+    monkeypatch.setattr(trajtune.train, "run", broken)
     r = _cli("sft", "--config", _sft_yaml(tmp_path, tmp_path, _one_chat(tmp_path), tmp_path / "o"))
     assert r.exit_code == 1
     assert "Traceback (most recent call last)" in r.output and "ValueError: internal inconsistency" in r.output

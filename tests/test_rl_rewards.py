@@ -12,7 +12,7 @@ import trajtune.experience as experience
 from trajtune.algorithms.grpo import PolicyGradientObjective
 from trajtune.chat.render import ChatRenderer
 from trajtune.envs import make_env
-from trajtune.experience import RolloutSource
+from trajtune.experience import RolloutSource, rl_transforms
 from trajtune.learner import Learner, LearnerConfig, set_seed
 from trajtune.models.loading import load_model
 from trajtune.rollout import Episode, RolloutConfig
@@ -36,6 +36,7 @@ def test_an_inf_reward_never_reaches_the_optimizer(tmp_path, tiny_dir, tiny_tok,
     env = make_env("home")
     source = RolloutSource(tiny_tok, lambda: make_env("home"), env.tasks("train", 2, seed=0), RolloutConfig(),
                            tasks_per_step=2, group_size=2, renderer=renderer)
+    source.per_round, source.per_batch = rl_transforms(estimator="grpo")
     set_seed(0)
     model = load_model(str(tiny_dir))
     learner = Learner(model, tiny_tok, PolicyGradientObjective(), source,
@@ -49,5 +50,8 @@ def test_an_inf_reward_never_reaches_the_optimizer(tmp_path, tiny_dir, tiny_tok,
     assert any("non-finite reward" in str(w.message) for w in caught)
     assert any(not torch.equal(before[k], after[k]) for k in before)  # the finite group still trained
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["nonfinite_reward_groups"] == 1 and math.isfinite(row["loss"]) and math.isfinite(row["reward"])
-    assert row["sequences"] == 2  # only the finite group went to the optimizer
+    assert row["nonfinite_rewards"] == 1 and math.isfinite(row["loss"]) and math.isfinite(row["reward"])
+    assert row["masked_episodes"] == 1  # the inf episode: env_error, weight 0, out of its group's baseline
+    trained = row["tokens"]  # policy tokens that carried loss: all but the masked episode's
+    tts, _ = source.batch(0, model)
+    assert trained == sum(t.n_policy() for t, r in zip(tts, rewards) if math.isfinite(r))

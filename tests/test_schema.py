@@ -58,7 +58,7 @@ def test_bad_lines_name_file_line_and_rule(tmp_path, line, rule, needle):
     with pytest.raises(RecordError) as e:
         load_trajectories(p)
     assert e.value.line == 3 and e.value.rule == rule
-    assert f"bad.jsonl:3" in str(e.value) and needle in str(e.value)
+    assert "bad.jsonl:3" in str(e.value) and needle in str(e.value)
 
 
 def test_invalid_utf8_and_bom(tmp_path):

@@ -176,35 +176,11 @@ class EvalSpec(_C):
         return self
 
 
-class RLSpec(_C):
-    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
-    tasks_per_step: int = Field(8, gt=0)
-    group_size: int = Field(8, gt=0)
-    n_train_tasks: int = Field(1024, gt=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
-    norm_length: float = Field(1024.0, gt=0)
-    drop_equal_groups: bool = False
-    termination: dict[str, Literal["keep", "zero_reward", "mask", "drop"]] = Field(default_factory=dict)
+class RunBase(_C):
+    """What every training run has. An algorithm's config subclasses it and adds
+    ``algorithm: Literal["<name>"] = "<name>"`` (the tag of the run-config union) and its sections."""
 
-    @model_validator(mode="after")
-    def _no_ops(self) -> "RLSpec":
-        s = self.non_default()
-        if self.kl_coef == 0 and "kl_estimator" in s:
-            raise ValueError("rl.kl_estimator is set but rl.kl_coef is 0: no KL term would be computed")
-        if self.aggregation != "seq_mean_token_sum_norm" and "norm_length" in s:
-            raise ValueError("rl.norm_length only applies to aggregation: seq_mean_token_sum_norm")
-        if self.group_size == 1 and self.estimator in ("grpo", "dr_grpo", "rloo"):
-            raise ValueError(f"rl.group_size 1 gives zero advantages with estimator {self.estimator}; use >= 2")
-        if self.group_size == 1 and self.drop_equal_groups:
-            raise ValueError("rl.drop_equal_groups with group_size 1 would drop every group")
-        return self
-
-
-class _RunBase(_C):
+    algorithm: str
     model: ModelSpec
     output_dir: str
     seed: int = 0
@@ -213,37 +189,23 @@ class _RunBase(_C):
     eval: EvalSpec | None = None
 
     @model_validator(mode="after")
-    def _eval_every(self) -> "_RunBase":
+    def _eval_every(self) -> "RunBase":
         if self.train.eval_every and (self.eval is None or self.eval.env is None):
             raise ValueError("train.eval_every is set but there is no eval.env to evaluate on")
         return self
 
 
-class SFTRunConfig(_RunBase):
-    data: DataSpec
+def __getattr__(name: str) -> Any:
+    """The run configs live with their algorithms (trajtune.algorithms.*); these names stay importable
+    from here."""
+    where = {"SFTRunConfig": "trajtune.algorithms.sft", "RLRunConfig": "trajtune.algorithms.rl",
+             "RLSpec": "trajtune.algorithms.rl", "RFTRunConfig": "trajtune.algorithms.rft",
+             "DPORunConfig": "trajtune.algorithms.dpo"}
+    if name in where:
+        import importlib
 
-
-class RLRunConfig(_RunBase):
-    env: EnvSpec
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    rl: RLSpec = Field(default_factory=RLSpec)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _eval_on_the_training_env(cls, v: Any) -> Any:
-        """An ``eval:`` section without ``env`` evaluates on the training environment, so that
-        ``--set env=workspace`` cannot silently keep evaluating on another one."""
-        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
-                and v.get("env") is not None:
-            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
-        return v
-
-    @field_validator("train")
-    @classmethod
-    def _rl_train(cls, v: TrainSpec) -> TrainSpec:
-        if "batch_size" in v.non_default():
-            raise ValueError("train.batch_size is not used by RL (a step is rl.tasks_per_step × rl.group_size episodes)")
-        return v
+        return getattr(importlib.import_module(where[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Sections that accept a bare string as shorthand for one key.
@@ -288,8 +250,9 @@ def _format_errors(e: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> Any:
+def read_config(path: str | Path | None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+    """The config as a dict (YAML file, then ``--set`` overrides) and its source name for messages."""
     data: dict[str, Any] = dict(base or {})
     source = "<overrides>"
     if path is not None:
@@ -305,11 +268,64 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of keys to values")
         data.update(loaded)
-    data = apply_overrides(data, overrides or [])
+    return apply_overrides(data, overrides or []), source
+
+
+def validate_config(data: dict[str, Any], cls: type[BaseModel], source: str) -> Any:
     try:
         return cls.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_format_errors(e, source)) from None
+
+
+def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> Any:
+    data, source = read_config(path, overrides, base)
+    tag = cls.model_fields.get("algorithm")
+    if tag is not None and tag.default and data.get("algorithm", tag.default) != tag.default:
+        raise ConfigError(f"{source}: algorithm: {data['algorithm']} is not a {tag.default} config; run it with "
+                          f"`trajtune train --config {source}`")
+    return validate_config(data, cls, source)
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
+                    algorithm: str | None = None) -> Any:
+    """A run config of any registered algorithm, chosen by its ``algorithm:`` key (the union's tag).
+    ``algorithm`` is what the command implies (``trajtune sft`` → sft); a config naming another
+    algorithm is refused rather than silently run as something else."""
+    from trajtune.algorithms.registry import algorithms
+
+    data, source = read_config(path, overrides)
+    known = algorithms()
+    tag = data.get("algorithm", algorithm)
+    if tag is None:
+        raise ConfigError(f"{source}: no `algorithm:` key; set one of: {', '.join(sorted(known))}")
+    if algorithm is not None and tag != algorithm:
+        raise ConfigError(f"{source}: algorithm: {tag} is not a {algorithm} config; run it with "
+                          f"`trajtune train --config {source}`")
+    if tag not in known:
+        raise ConfigError(f"{source}: unknown algorithm {tag!r}; known: {', '.join(sorted(known))}")
+    return validate_config({**data, "algorithm": tag}, known[tag].config, source)
+
+
+_RunBase = RunBase  # the earlier name
+
+
+class EnvRunBase(RunBase):
+    """A run that acts in an environment (rl, rft, dpo mined from rollouts)."""
+
+    env: EnvSpec
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_on_the_training_env(cls, v: Any) -> Any:
+        """An ``eval:`` section without ``env`` evaluates on the training environment, so that
+        ``--set env=workspace`` cannot silently keep evaluating on another one."""
+        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
+                and v.get("env") is not None:
+            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
+        return v
 
 
 class _RenderOnly(_C):

@@ -18,14 +18,19 @@ import torch
 from trajtune.algorithms.grpo import (
     Estimator,
     TerminationPolicy,
+    Whitening,
     add_ref_logprobs,
+    apply_overlong_penalty,
     apply_termination_policy,
     assign_advantages,
+    groups_of,
+    is_informative,
+    mark_nonfinite_rewards,
 )
 from trajtune.chat.render import ChatRenderer
 from trajtune.tokens import TokenTrajectory
 from trajtune.envs.base import Environment, Task
-from trajtune.rollout import RolloutConfig, run_rollouts
+from trajtune.rollout import RolloutConfig, _round_seed, run_rollouts
 
 
 @dataclass
@@ -54,9 +59,21 @@ class DatasetSource:
         return out, {"epoch": (step * self.batch_size) / n}
 
 
+#: A transform: a pure-ish function on one step's experience, returning what is kept and metrics.
+Transform = Callable[[list[TokenTrajectory]], tuple[list[TokenTrajectory], dict[str, float]]]
+
+
 @dataclass
 class RolloutSource:
-    """Each step: ``tasks_per_step`` training tasks × ``group_size`` samples from the current model."""
+    """Each step: ``tasks_per_step`` training tasks × ``group_size`` samples from the current model,
+    then the algorithm's transforms.
+
+    ``per_round`` transforms run on every sampling round (termination policy, reward terms,
+    filters); ``per_batch`` ones on the assembled batch (advantages, reference log-probs). With
+    ``min_groups`` (DAPO dynamic sampling) rounds continue, on other tasks, until the batch holds
+    that many groups that passed ``per_round`` (informative ones, when a filter drops the others),
+    at most ``max_rounds`` rounds; the extra rounds are logged (``sampling_rounds``). Task choice is
+    a function of (seed, step, round), so resume stays exact."""
 
     tokenizer: Any
     env_factory: Callable[[], Environment]
@@ -64,44 +81,201 @@ class RolloutSource:
     rollout: RolloutConfig
     tasks_per_step: int = 8
     group_size: int = 8
-    estimator: Estimator = "grpo"
-    drop_equal_groups: bool = False
-    termination_policy: dict[str, TerminationPolicy] = field(default_factory=dict)
-    ref_model: Any = None
+    per_round: list[Transform] = field(default_factory=list)
+    per_batch: list[Transform] = field(default_factory=list)
+    min_groups: int | None = None
+    max_rounds: int = 1
     seed: int = 0
     renderer: ChatRenderer | None = None
     on_episodes: Callable[[int, list[Any]], None] | None = None
 
-    def batch(self, step: int, model: Any) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    def _tasks(self, step: int, round_no: int) -> list[Task]:
         n = len(self.tasks)
-        if n == 0:
-            raise ValueError("no training tasks for RL")
-        chosen = [self.tasks[(step * self.tasks_per_step + i) % n] for i in range(self.tasks_per_step)]
-        expanded = [t for t in chosen for _ in range(self.group_size)]
+        if round_no == 0:
+            return [self.tasks[(step * self.tasks_per_step + i) % n] for i in range(self.tasks_per_step)]
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 7_919 + round_no)
+        return [self.tasks[i] for i in torch.randperm(n, generator=g)[: self.tasks_per_step].tolist()]
+
+    def _round(self, step: int, round_no: int, model: Any) -> tuple[list[TokenTrajectory], list[Any]]:
+        expanded = [t for t in self._tasks(step, round_no) for _ in range(self.group_size)]
+        seed = self.seed * 1_000_003 + step if round_no == 0 else _round_seed(self.seed, step, round_no)
         episodes = run_rollouts(model, self.tokenizer, self.env_factory, expanded, self.rollout,
-                                seed=self.seed * 1_000_003 + step, renderer=self.renderer)
-        if self.on_episodes:
-            self.on_episodes(step, episodes)
+                                seed=seed, renderer=self.renderer)
         tts = []
         for k, e in enumerate(episodes):
             tt = e.tokens
-            tt.group = f"{step}:{k // self.group_size}"
+            tt.group = f"{step}:{k // self.group_size}" if round_no == 0 else f"{step}.{round_no}:{k // self.group_size}"
             tts.append(tt)
-        finite = [float(t.reward or 0.0) for t in tts if math.isfinite(float(t.reward or 0.0))]
-        metrics = {
-            "reward": sum(finite) / max(1, len(finite)),  # non-finite ones are counted by assign_advantages
-            "success": sum(1.0 for e in episodes if e.trajectory.outcome and e.trajectory.outcome.success) / len(tts),
-            "format_errors": sum(e.format_errors for e in episodes) / len(tts),
-            "mean_len": sum(len(t) for t in tts) / len(tts),
-        }
-        tts = apply_termination_policy(tts, self.termination_policy)
-        tts, adv_metrics = assign_advantages(tts, self.estimator, self.drop_equal_groups)
-        metrics.update(adv_metrics)
-        if adv_metrics["nonfinite_reward_groups"]:
-            warnings.warn(f"step {step + 1}: dropped {adv_metrics['nonfinite_reward_groups']:.0f} group(s) with a "
-                          "non-finite reward (inf/NaN); check the environment's reward (metrics.jsonl: "
-                          "nonfinite_reward_groups)", RuntimeWarning, stacklevel=2)
-        if self.ref_model is not None and tts:
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            add_ref_logprobs(self.ref_model, tts, pad, self.rollout.temperature if self.rollout.temperature > 0 else 1.0)
-        return tts, metrics
+        return tts, episodes
+
+    def batch(self, step: int, model: Any) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        if not self.tasks:
+            raise ValueError("no training tasks for RL")
+        kept: list[TokenTrajectory] = []
+        all_eps: list[Any] = []
+        metrics: dict[str, float] = {}
+        rounds = 0
+        target = self.min_groups
+        while True:
+            tts, episodes = self._round(step, rounds, model)
+            rounds += 1
+            all_eps += episodes
+            if rounds == 1:  # the batch's behaviour metrics: the first round, as without dynamic sampling
+                finite = [float(t.reward or 0.0) for t in tts if math.isfinite(float(t.reward or 0.0))]
+                metrics.update({
+                    "reward": sum(finite) / max(1, len(finite)),
+                    "success": sum(1.0 for e in episodes if e.trajectory.outcome and e.trajectory.outcome.success)
+                    / len(tts),
+                    "format_errors": sum(e.format_errors for e in episodes) / len(tts),
+                    "mean_len": sum(len(t) for t in tts) / len(tts),
+                })
+            for tr in self.per_round:
+                tts, m = tr(tts)
+                for k, v in m.items():
+                    metrics[k] = metrics.get(k, 0.0) + v
+            kept += tts
+            n_groups = len({t.group for t in kept})
+            if target is None or n_groups >= target or rounds >= self.max_rounds:
+                break
+        if target is not None:
+            metrics["sampling_rounds"] = float(rounds)
+            groups = list(dict.fromkeys(t.group for t in kept))[:target]  # the first `target` groups
+            kept = [t for t in kept if t.group in set(groups)]
+            metrics["kept_groups"] = float(len(groups))
+        if self.on_episodes:
+            self.on_episodes(step, all_eps)
+        for tr in self.per_batch:
+            kept, m = tr(kept)
+            metrics.update(m)
+        if metrics.get("nonfinite_rewards"):
+            warnings.warn(f"step {step + 1}: {metrics['nonfinite_rewards']:.0f} episode(s) with a non-finite reward "
+                          "(inf/NaN) were masked as env_error; check the environment's reward (metrics.jsonl: "
+                          "nonfinite_rewards)", RuntimeWarning, stacklevel=2)
+        return kept, metrics
+
+
+def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, TerminationPolicy] | None = None,
+                  drop_equal_groups: bool = False, whitening: Whitening = "token", masked_in_baseline: bool = False,
+                  overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
+                  temperature: float = 1.0) -> tuple[list[Transform], list[Transform]]:
+    """The RL transform lists, in order: (per round) non-finite rewards → termination policy →
+    overlong penalty → informative-group filter; (per batch) group advantages → reference log-probs."""
+
+    def nonfinite(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        tts, n = mark_nonfinite_rewards(tts)
+        return tts, {"nonfinite_rewards": float(n)}
+
+    def terminate(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        return apply_termination_policy(tts, termination), {}
+
+    def penalise(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        assert overlong is not None
+        return tts, {"overlong_penalty": apply_overlong_penalty(tts, *overlong)}
+
+    def informative(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        groups = groups_of(tts)
+        keep = {g for g, members in groups.items() if is_informative(members)}
+        return [t for t in tts if (t.group or t.traj_id) in keep], {"equal_reward_groups": float(len(groups) - len(keep))}
+
+    def advantages(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
+        skip = {"nonfinite_rewards"} | ({"equal_reward_groups"} if drop_equal_groups else set())
+        return kept, {k: v for k, v in m.items() if k not in skip}
+
+    def reference(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        if tts:
+            add_ref_logprobs(ref_model, tts, pad_id, temperature)
+        return tts, {}
+
+    per_round: list[Transform] = [nonfinite, terminate]
+    if overlong is not None:
+        per_round.append(penalise)
+    if drop_equal_groups:
+        per_round.append(informative)
+    per_batch: list[Transform] = [advantages]
+    if ref_model is not None:
+        per_batch.append(reference)
+    return per_round, per_batch
+
+
+#: Mines one iteration's training data with the current model: (iteration, model) ->
+#: (IR records to persist, metrics). ``render`` turns persisted records into trainable rows.
+MineFn = Callable[[int, Any], tuple[list[Any], dict[str, float]]]
+
+
+@dataclass
+class IterativeSource:
+    """Experience that is re-mined from the policy every ``steps_per_iteration`` steps (RFT's kept
+    successes, DPO's mined pairs), then served like a dataset.
+
+    Each iteration's mined records are written to ``cache_dir/iter-NNN.jsonl`` (atomically) before
+    any step trains on them; a resumed run reads them back instead of mining again, so resume is
+    exact wherever the checkpoint lies, and a finished iteration is never redone. Rows of one unit
+    (a pair) stay adjacent in every batch."""
+
+    mine: MineFn | None  # None: only the fixed units (a dataset of units, e.g. pairs from a file)
+    render: Callable[[list[Any]], list[list[TokenTrajectory]]]  # records -> units of rows
+    load: Callable[[str], Any]  # one JSONL line -> record
+    dump: Callable[[Any], str]  # record -> one JSONL line
+    steps_per_iteration: int
+    batch_size: int  # units per step
+    cache_dir: Any
+    fixed: list[list[TokenTrajectory]] = field(default_factory=list)  # units served every iteration (experts)
+    keep_previous: bool = True  # serve earlier iterations' records too
+    seed: int = 0
+    on_mined: Callable[[int, dict[str, float]], None] | None = None
+    _units: dict[int, list[list[TokenTrajectory]]] = field(default_factory=dict)
+    _mined_metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def _path(self, it: int) -> Any:
+        from pathlib import Path
+
+        return Path(self.cache_dir) / f"iter-{it:03d}.jsonl"
+
+    def _records(self, it: int, step: int, model: Any) -> list[list[TokenTrajectory]]:
+        if it in self._units:
+            return self._units[it]
+        import json
+        from pathlib import Path
+
+        from trajtune.schema import atomic_write_text
+
+        path = self._path(it)
+        if path.exists():
+            records = [self.load(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+            meta = Path(str(path) + ".json")
+            self._mined_metrics[it] = json.loads(meta.read_text()) if meta.exists() else {}
+        else:
+            if step != it * self.steps_per_iteration:  # mining needs the policy as it was at the iteration start
+                raise RuntimeError(f"iteration {it} has no mined data ({path}) but the run is at step {step}, "
+                                   "inside the iteration; the run directory is incomplete")
+            assert self.mine is not None
+            records, metrics = self.mine(it, model)
+            Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, "".join(self.dump(r) + "\n" for r in records))
+            atomic_write_text(Path(str(path) + ".json"), json.dumps(metrics))
+            self._mined_metrics[it] = metrics
+            if self.on_mined:
+                self.on_mined(it, metrics)
+        self._units[it] = self.render(records)
+        return self._units[it]
+
+    def batch(self, step: int, model: Any) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        it, pos = divmod(step, self.steps_per_iteration)
+        units = list(self.fixed)
+        for j in range(0 if self.keep_previous else it, it + 1) if self.mine is not None else ():
+            units += self._records(j, step if j == it else j * self.steps_per_iteration, model)
+        if not units:
+            raise RuntimeError("nothing to train on")  # the algorithm's mine() refuses an empty iteration first
+        # one permutation per (iteration, epoch over the iteration's units)
+        start = pos * self.batch_size
+        out: list[TokenTrajectory] = []
+        for k in range(start, start + self.batch_size):
+            epoch, idx = divmod(k, len(units))
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + it * 10_007 + epoch)
+            order = torch.randperm(len(units), generator=g).tolist()
+            out.extend(units[order[idx]])
+        metrics: dict[str, float] = {"iteration": float(it), "train_units": float(len(units))}
+        if pos == 0:
+            metrics.update({f"mined/{k}": v for k, v in self._mined_metrics.get(it, {}).items()})
+        return out, metrics

@@ -1,9 +1,18 @@
 """The one training loop. It knows nothing about which algorithm runs.
 
 An experience source hands it a list of TokenTrajectories for each step (a dataset slice for SFT,
-fresh rollouts for RL); an objective turns micro-batches into a loss. The learner does the rest:
-accelerate, gradient accumulation with exact normalisation, clipping, the LR schedule, metrics,
-atomic checkpoints (weights, optimizer, scheduler, RNG states, step) and exact resume.
+fresh rollouts for RL, preference pairs for DPO); an objective turns micro-batches into a loss. The
+learner does the rest: accelerate, gradient accumulation with exact normalisation, optional reuse of
+one step's experience for several updates (PPO epochs × mini-batches), clipping, the LR schedule,
+metrics, atomic checkpoints (weights, optimizer, scheduler, RNG states, step) and exact resume.
+
+Units: consecutive trajectories that share a non-empty ``group`` form a unit (a GRPO group, a DPO
+pair). Mini-batches always split between units; micro-batches split between units too when the
+objective says its rows are coupled (``coupled_rows``: a pair's loss needs both rows at once).
+
+Metrics: an objective reports each metric as a (sum, denominator) pair, and the learner reports
+Σ sums / Σ denominators over the step, so every metric is exact under accumulation without the
+learner knowing what it means. A plain float is a count and is summed.
 
 Sources are deterministic functions of the step index (data order and rollout seeds are derived
 from the config seed and the step), so resuming from a checkpoint replays exactly what an
@@ -50,6 +59,8 @@ class LearnerConfig:
     min_lr_ratio: float = 0.1
     max_grad_norm: float = 1.0
     micro_batch_size: int = 16
+    epochs: int = 1  # passes over one step's experience (PPO epochs)
+    mini_batches: int = 1  # optimizer updates per pass; π_old stays the sampling policy throughout
     save_every: int = 0  # 0 = only at the end
     keep_last: int = 2
     log_every: int = 1
@@ -105,6 +116,17 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def checkpoint_step(ckpt: Path) -> int:
     return int(json.loads((ckpt / "trainer_state.json").read_text())["step"])
+
+
+def split_units(tts: list[TokenTrajectory]) -> list[list[TokenTrajectory]]:
+    """Consecutive trajectories sharing a non-empty ``group`` form one unit; others stand alone."""
+    units: list[list[TokenTrajectory]] = []
+    for t in tts:
+        if units and t.group and units[-1][-1].group == t.group:
+            units[-1].append(t)
+        else:
+            units.append([t])
+    return units
 
 
 def is_peft(model: Any) -> bool:
@@ -229,36 +251,77 @@ class Learner:
             f.write(json.dumps(record) + "\n")
 
     # -- the loop ---------------------------------------------------------------------------------
-    def train_step(self, tts: list[TokenTrajectory]) -> dict[str, float]:
-        self.model.train()
-        mbs = [tts[i:i + self.cfg.micro_batch_size] for i in range(0, len(tts), self.cfg.micro_batch_size)]
-        batches = [collate(mb, self.pad_id).to(self.accelerator.device) for mb in mbs]
+    def _micro_batches(self, tts: list[TokenTrajectory]) -> list[list[TokenTrajectory]]:
+        size = self.cfg.micro_batch_size
+        if not getattr(self.objective, "coupled_rows", False):
+            return [tts[i:i + size] for i in range(0, len(tts), size)]
+        out: list[list[TokenTrajectory]] = []
+        for unit in split_units(tts):  # whole units only; a unit larger than the micro-batch goes alone
+            if out and len(out[-1]) + len(unit) <= size:
+                out[-1].extend(unit)
+            else:
+                out.append(list(unit))
+        return out
+
+    def _mini_batches(self, tts: list[TokenTrajectory], epoch: int) -> list[list[TokenTrajectory]]:
+        """The step's experience in ``mini_batches`` parts of whole units; from the second epoch on,
+        the units are shuffled by a generator seeded from (seed, step, epoch), so resume is exact."""
+        units = split_units(tts)
+        if epoch > 0:
+            g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self.step * 1_009 + epoch)
+            units = [units[i] for i in torch.randperm(len(units), generator=g).tolist()]
+        n = max(1, min(self.cfg.mini_batches, len(units)))
+        bounds = [round(k * len(units) / n) for k in range(n + 1)]
+        return [[t for u in units[bounds[k]:bounds[k + 1]] for t in u] for k in range(n)]
+
+    def _update(self, tts: list[TokenTrajectory], sums: dict[str, list[float]]) -> tuple[float, float] | None:
+        """One optimizer update on ``tts`` (accumulated over micro-batches); None when nothing is trained."""
+        batches = [collate(mb, self.pad_id).to(self.accelerator.device) for mb in self._micro_batches(tts)]
         denom = sum(self.objective.denominator(b) for b in batches)
-        sums: dict[str, float] = {}
-        total = 0.0
         if denom <= 0:
-            self.optimizer.zero_grad(set_to_none=True)
-            return {"loss": 0.0, "skipped": 1.0}
+            return None
+        total = 0.0
         for b in batches:
             loss, m = self.objective.loss_sum(self.model, b)
             scaled = loss / denom
             self.accelerator.backward(scaled)
             total += float(scaled.detach())
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v
+                num, den = (v if isinstance(v, tuple) else (v, None))
+                acc = sums.setdefault(k, [0.0, 0.0 if den is not None else -1.0])
+                acc[0] += float(num)
+                if den is not None:
+                    acc[1] += float(den)
         grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        out = {"loss": total, "grad_norm": float(grad_norm), "lr": self.scheduler.get_last_lr()[0],
-               "sequences": float(len(tts))}
-        tokens = sums.get("tokens", 0.0)
-        for k, v in sums.items():
-            if k.endswith("_sum") and tokens:
-                out[k[:-4]] = v / tokens
-        if "correct" in sums and tokens:
-            out["token_accuracy"] = sums["correct"] / tokens
-        out["tokens"] = tokens
+        return total, float(grad_norm)
+
+    def train_step(self, tts: list[TokenTrajectory]) -> dict[str, float]:
+        """All updates of one step: ``epochs`` × ``mini_batches`` optimizer steps (1 × 1 by default),
+        then one scheduler step. Loss and grad norm are the means over the updates."""
+        self.model.train()
+        sums: dict[str, list[float]] = {}
+        results = []
+        for epoch in range(self.cfg.epochs):
+            for mb in self._mini_batches(tts, epoch):
+                r = self._update(mb, sums)
+                if r is not None:
+                    results.append(r)
+        if not results:
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"loss": 0.0, "skipped": 1.0}
+        self.scheduler.step()
+        out = {"loss": sum(r[0] for r in results) / len(results),
+               "grad_norm": sum(r[1] for r in results) / len(results),
+               "lr": self.scheduler.get_last_lr()[0], "sequences": float(len(tts))}
+        if len(results) > 1:
+            out["updates"] = float(len(results))
+        for k, (num, den) in sums.items():
+            if den < 0:  # a count
+                out[k] = num
+            elif den > 0:
+                out[k] = num / den
         return out
 
     def fit(self, progress: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:

@@ -144,8 +144,16 @@ def run_rollouts(
     renderer: ChatRenderer | None = None,
     step_fn: Callable[[Sequence[Environment], Sequence[Message], float], list[StepResult]] | None = None,
     progress: Callable[[int], None] | None = None,
+    prefixes: Sequence[list[Message]] | None = None,
 ) -> list[Episode]:
-    """Roll out ``model`` on every task (in batches of ``config.batch_size``)."""
+    """Roll out ``model`` on every task (in batches of ``config.batch_size``).
+
+    ``prefixes`` (one list per task) start each episode from a state: the prefix's assistant actions
+    are replayed through the environment after reset (``replay_prefix``), the resulting history is
+    prompt-source tokens (the policy did not sample it: no loss, no log-probs), rewards earned in
+    the prefix are not the episode's, and ``max_turns`` counts the policy's own turns only."""
+    if prefixes is not None and len(prefixes) != len(tasks):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(tasks)} tasks")
     renderer = renderer or ChatRenderer(tokenizer)
     step_fn = step_fn or default_step
     eot_ids = renderer.stop_ids()
@@ -157,7 +165,9 @@ def run_rollouts(
     try:
         for b0 in range(0, len(tasks), config.batch_size):
             batch = list(tasks[b0:b0 + config.batch_size])
-            episodes += _run_batch(model, tokenizer, renderer, env_factory, batch, config, seed, b0, eot_ids, step_fn)
+            pre = list(prefixes[b0:b0 + config.batch_size]) if prefixes is not None else None
+            episodes += _run_batch(model, tokenizer, renderer, env_factory, batch, config, seed, b0, eot_ids, step_fn,
+                                   pre)
             if progress:
                 progress(len(batch))
     finally:
@@ -165,16 +175,28 @@ def run_rollouts(
     return episodes
 
 
+def replay_prefix(env: Environment, task: Task, prefix: list[Message]) -> tuple[list[Message], list[ToolSpec], bool]:
+    """The state after ``prefix``: ``env.reach`` (reset and replay its actions, or a snapshot)."""
+    return env.reach(task, prefix)
+
+
 def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
                tasks: list[Task], cfg: RolloutConfig, seed: int, batch_index: int, eot_ids: list[int],
-               step_fn: Callable[..., list[StepResult]]) -> list[Episode]:
+               step_fn: Callable[..., list[StepResult]], prefixes: list[list[Message]] | None = None) -> list[Episode]:
     live: list[_Live] = []
-    for task in tasks:
+    for i, task in enumerate(tasks):
         env = env_factory()
-        res = env.reset(task)
-        ep = _Live(env=env, task=task, messages=list(res.messages), tools=list(res.tools))
+        ended = False
+        if prefixes is not None and prefixes[i]:
+            messages, tools, ended = replay_prefix(env, task, prefixes[i])
+        else:
+            res = env.reset(task)
+            messages, tools = list(res.messages), list(res.tools)
+        ep = _Live(env=env, task=task, messages=messages, tools=tools)
         ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
-        if len(ep.ids) >= cfg.max_length:
+        if ended:
+            ep.termination = "done"
+        elif len(ep.ids) >= cfg.max_length:
             ep.termination = "context_overflow"
         live.append(ep)
     round_no = 0

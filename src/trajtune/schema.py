@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trajtune.errors import DataError, OutputError, require_input
 
@@ -522,3 +522,23 @@ def write_trajectories(path: str | os.PathLike[str], trajs: Iterable[Trajectory 
         for t in trajs:
             w.write(t)
     return w.count
+
+
+class PreferencePair(_Strict):
+    """Two attempts at one task, one preferred (DPO data; docs/formats.md "Preference pairs").
+
+    ``level: trajectory`` compares whole attempts: every assistant turn of each side is the
+    compared action. ``level: step`` compares one action from one state: both sides share their
+    first ``prefix_messages`` messages, and the compared action is the assistant message right
+    after them (later messages, if any, stay untrained context)."""
+
+    schema_version: str = SCHEMA_VERSION
+    id: str
+    task_id: str
+    level: Literal["trajectory", "step"] = "trajectory"
+    chosen: Trajectory
+    rejected: Trajectory
+    prefix_messages: int | None = Field(None, ge=0)
+    chosen_value: float | None = None
+    rejected_value: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -9,31 +9,25 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from trajtune.algorithms.batch import fit_length
-from trajtune.algorithms.grpo import PolicyGradientObjective
-from trajtune.algorithms.sft import SFTObjective
+from trajtune.algorithms.registry import Recipe, RunContext, get_algorithm
+from trajtune.algorithms.sft import iter_data  # noqa: F401  (re-exported: trajtune.train.iter_data)
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
-from trajtune.config import RLRunConfig, SFTRunConfig, dump_config
+from trajtune.config import DataSpec, RunBase, dump_config
 from trajtune.envs.base import make_env
-from trajtune.formats import LoadStats, load_any
 from trajtune.eval.run import evaluate
-from trajtune.experience import DatasetSource, RolloutSource
-from trajtune.errors import DataError, Interrupted, RunDirError, UsageError, require_input
+from trajtune.errors import Interrupted, RunDirError, UsageError
 from trajtune.learner import Learner, LearnerConfig, checkpoint_step, latest_checkpoint, set_seed
 from trajtune.models.loading import load_model, load_tokenizer
 from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
 from trajtune.rollout import RolloutConfig
-from trajtune.schema import Trajectory, atomic_write_text
-from trajtune.validate import record_check
+from trajtune.schema import atomic_write_text
 
 
 @dataclass
@@ -131,7 +125,7 @@ def format_diff(diff: dict[str, tuple[Any, Any]]) -> str:
     return "\n".join(f"  {k}: {json.dumps(o, default=str)} → {json.dumps(n, default=str)}" for k, (o, n) in diff.items())
 
 
-def check_resume_config(st: RunState, cfg: SFTRunConfig | RLRunConfig, kind: str,
+def check_resume_config(st: RunState, cfg: RunBase, kind: str,
                         allow_change: bool) -> dict[str, tuple[Any, Any]]:
     """Compare the requested config with the run's config.yaml; refuse a silent change.
 
@@ -170,7 +164,7 @@ def record_config_change(out: Path, cfg: Any, step: int, diff: dict[str, tuple[A
     atomic_write_text(out / "config.yaml", dump_config(cfg))
 
 
-def open_run(cfg: SFTRunConfig | RLRunConfig, kind: str, overwrite: bool, resume: bool,
+def open_run(cfg: RunBase, kind: str, overwrite: bool, resume: bool,
              allow_change: bool) -> tuple[RunState, dict[str, tuple[Any, Any]]]:
     """All run-directory checks, before any model is loaded: refusals, config comparison on resume."""
     if allow_change and not resume:
@@ -181,23 +175,16 @@ def open_run(cfg: SFTRunConfig | RLRunConfig, kind: str, overwrite: bool, resume
     return st, check_resume_config(st, cfg, kind, allow_change)
 
 
-def iter_data(path: str, fmt: str | None, skip_invalid: bool = False,
-              stats: LoadStats | None = None) -> Iterator[Trajectory]:
-    """Read training data in any supported format (auto-detected when ``fmt`` is None, gzip read
-    directly), refusing what `trajtune data validate` rejects (or, with ``skip_invalid``, skipping
-    it and counting it in ``stats``)."""
-    yield from load_any(path, format=fmt, skip_invalid=skip_invalid, stats=stats, check=record_check(path))
-
-
-def learner_config(cfg: SFTRunConfig | RLRunConfig, micro: int) -> LearnerConfig:
+def learner_config(cfg: RunBase, recipe: Recipe) -> LearnerConfig:
     t = cfg.train
     return LearnerConfig(steps=t.steps, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                          schedule=t.schedule, min_lr_ratio=t.min_lr_ratio, max_grad_norm=t.max_grad_norm,
-                         micro_batch_size=micro, save_every=t.save_every, keep_last=t.keep_last,
+                         micro_batch_size=recipe.micro_batch_size, epochs=recipe.epochs,
+                         mini_batches=recipe.mini_batches, save_every=t.save_every, keep_last=t.keep_last,
                          eval_every=t.eval_every, seed=cfg.seed)
 
 
-def _eval_hook(cfg: SFTRunConfig | RLRunConfig, tok: Any, renderer: ChatRenderer, rollout: RolloutConfig):
+def _eval_hook(cfg: RunBase, tok: Any, renderer: ChatRenderer, rollout: RolloutConfig):
     if cfg.eval is None or cfg.eval.env is None:
         return None
     ev = cfg.eval
@@ -211,6 +198,14 @@ def _eval_hook(cfg: SFTRunConfig | RLRunConfig, tok: Any, renderer: ChatRenderer
         return {k: v for k, v in m.items() if isinstance(v, float)}
 
     return hook
+
+
+def _eval_rollout(cfg: RunBase) -> RolloutConfig:
+    """Rollout settings for the in-run evaluation: the run's own (rl, rft, dpo), else SFT's defaults."""
+    spec = getattr(cfg, "rollout", None)
+    if spec is not None:
+        return RolloutConfig(**spec.model_dump())
+    return RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
 
 
 def check_chat_template(tok: Any, config: RenderConfig, model: str) -> None:
@@ -229,100 +224,47 @@ def _write_common(out: Path, cfg: Any, kind: str) -> None:
     atomic_write_text(out / "run.json", json.dumps({"kind": kind, "started": time.time()}))
 
 
-def run_sft(cfg: SFTRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
-            allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
-    st, diff = open_run(cfg, "sft", overwrite, resume, allow_config_change)
-    if st.status == "finished":
-        return _already_finished(st, quiet)
-    require_input(cfg.data.path, "data.path")
-    set_seed(cfg.seed)
-    tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
-    renderer = ChatRenderer(tok, cfg.render.to_render_config(train_on=cfg.data.train_on))
-    check_chat_template(tok, renderer.config, cfg.model.name_or_path)
-    trajs = []
-    load = LoadStats()
-    for i, t in enumerate(iter_data(cfg.data.path, cfg.data.format, cfg.data.skip_invalid, load)):
-        if cfg.data.limit and i >= cfg.data.limit:
-            break
-        trajs.append(t)
-    if not trajs:
-        raise DataError(f"{cfg.data.path}: no training records" +
-                        (f" ({load.skipped} invalid record(s) skipped: {dict(load.by_rule)})" if load.skipped else ""))
-    tts = []
-    dropped: Counter = Counter()  # trajectories that give no trained token: counted, never dropped silently
-    with bar("render", len(trajs), enabled=not quiet) as adv:
-        for t in trajs:
-            try:
-                samples = [s for s in renderer.render_samples(t) if any(w > 0 for w in s.weight)]
-            except RenderError as e:
-                raise RenderError(f"{cfg.data.path}: trajectory {t.id!r}: {e}") from None
-            if not samples:
-                dropped["no_assistant_turn" if all(m.role != "assistant" for m in t.messages) else "no_trained_token"] += 1
-            tts.extend(samples)
-            adv()
-    if not tts:
-        raise DataError(f"{cfg.data.path}: none of the {len(trajs)} records has a trained token ({dict(dropped)}); "
-                         "records need an assistant turn to learn (check data.train_on and the records' train flags)")
-    n_rendered = len(tts)
-    tts, n_cut = fit_length(tts, cfg.data.max_length, cfg.data.truncation)
-    if n_rendered and not tts:
-        raise DataError(f"all {n_rendered} samples are longer than data.max_length ({cfg.data.max_length}) and "
-                         "were dropped; raise data.max_length or set data.truncation: truncate")
-    tts = [t for t in tts if any(w > 0 for w in t.weight)]
-    if not tts:
-        raise DataError("no trajectory has a trained token (check data.train_on and the records' train flags)")
-    out = _start_run(cfg, "sft", st, diff, overwrite, resume)
-    model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
-    source = DatasetSource(tts, cfg.train.batch_size, cfg.seed)
-    rollout = RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
-    hook = _eval_hook(cfg, tok, renderer, rollout)
-    learner = Learner(model, tok, SFTObjective(cfg.train.eaft, cfg.train.eaft_top_k, cfg.train.eaft_alpha), source,
-                      learner_config(cfg, min(cfg.train.micro_batch_size, cfg.train.batch_size)), out,
-                      eval_hook=hook, stop_after=stop_after)
-    return _train_and_finish(learner, cfg, out, "sft", st, quiet, hook,
-                             {"train_records": len(tts), "truncated_or_dropped": n_cut,
-                              "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
-                              "dropped_records": dict(dropped)})
-
-
-def run_rl(cfg: RLRunConfig, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
-           allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
-    st, diff = open_run(cfg, "rl", overwrite, resume, allow_config_change)
+def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
+        allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+    """Train any registered algorithm: its config's ``algorithm:`` picks the recipe; everything else
+    (run directory, resume, the learner, final model, result.json) is the same for all of them."""
+    algo = get_algorithm(cfg.algorithm)
+    kind = algo.name
+    st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
     if st.status == "finished":
         return _already_finished(st, quiet)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
-    renderer = ChatRenderer(tok, cfg.render.to_render_config())
+    train_on = cfg.data.train_on if isinstance(getattr(cfg, "data", None), DataSpec) else "hint"
+    renderer = ChatRenderer(tok, cfg.render.to_render_config(train_on=train_on))
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
-    env_name, kwargs = cfg.env.name, cfg.env.kwargs
-    make_env(env_name, **kwargs)  # fail fast on an unknown environment (EnvError)
-    out = _start_run(cfg, "rl", st, diff, overwrite, resume)
-    model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
-    ref = None
-    if cfg.rl.kl_coef > 0:
+    ctx = RunContext(tokenizer=tok, renderer=renderer, quiet=quiet)
+    prepared = algo.prepare(cfg, ctx)
+    out = _start_run(cfg, kind, st, diff, overwrite, resume)
+    ctx.out = out
+    ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
+
+    def reference() -> Any:
         ref = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, trainable=False)
-        ref.eval().requires_grad_(False)
-    ro = RolloutConfig(**cfg.rollout.model_dump())
-    tasks = make_env(env_name, **kwargs).tasks("train", cfg.rl.n_train_tasks, seed=cfg.seed)
-    episodes_path = out / "rollouts.jsonl"
+        return ref.eval().requires_grad_(False)
 
-    def keep_episodes(step: int, episodes: list[Any]) -> None:
-        # Tagged with the optimizer step they feed (step + 1), the same number metrics.jsonl uses.
-        with episodes_path.open("a") as f:
-            for e in episodes:
-                f.write(json.dumps({"step": step + 1, **e.trajectory.model_dump(mode="json", exclude_none=True)}) + "\n")
-
-    source = RolloutSource(tok, lambda: make_env(env_name, **kwargs), tasks, ro, cfg.rl.tasks_per_step,
-                           cfg.rl.group_size, cfg.rl.estimator, cfg.rl.drop_equal_groups, dict(cfg.rl.termination),
-                           ref, cfg.seed, renderer, keep_episodes)
-    objective = PolicyGradientObjective(cfg.rl.clip_low, cfg.rl.clip_high, cfg.rl.kl_coef, cfg.rl.kl_estimator,
-                                        cfg.rl.aggregation, cfg.rl.norm_length,
-                                        ro.temperature if ro.temperature > 0 else 1.0)
-    hook = _eval_hook(cfg, tok, renderer, ro)
-    learner = Learner(model, tok, objective, source, learner_config(cfg, cfg.train.micro_batch_size), out,
+    ctx.load_reference = reference
+    recipe = algo.build(cfg, ctx, prepared)
+    hook = _eval_hook(cfg, tok, renderer, _eval_rollout(cfg))
+    learner = Learner(ctx.model, tok, recipe.objective, recipe.source, learner_config(cfg, recipe), out,
                       eval_hook=hook, stop_after=stop_after)
-    learner.step_logs.append(episodes_path)
-    return _train_and_finish(learner, cfg, out, "rl", st, quiet, hook, {})
+    learner.step_logs.extend(recipe.step_logs)
+    return _train_and_finish(learner, cfg, out, kind, st, quiet, hook, recipe)
+
+
+def run_sft(cfg: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run`` for an SFT config (the ``trajtune sft`` alias)."""
+    return run(cfg, **kwargs)
+
+
+def run_rl(cfg: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run`` for an RL config (the ``trajtune rl`` alias)."""
+    return run(cfg, **kwargs)
 
 
 def _already_finished(st: RunState, quiet: bool) -> dict[str, Any]:
@@ -360,12 +302,14 @@ def _resume(learner: Learner, quiet: bool) -> None:
                       "from step 0", soft_wrap=True)
 
 
-def _train_and_finish(learner: Learner, cfg: SFTRunConfig | RLRunConfig, out: Path, kind: str, st: RunState,
-                      quiet: bool, hook: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: RunState,
+                      quiet: bool, hook: Any, recipe: Recipe) -> dict[str, Any]:
     """The loop with its progress bar, then the artifacts: final model, plot, result.json."""
     if st.status in ("started", "checkpointed"):
         _resume(learner, quiet)
-    shown = ("loss", "token_accuracy") if kind == "sft" else ("reward", "success")
+        if recipe.on_resume is not None:
+            recipe.on_resume(learner.step)
+    shown = recipe.shown
     try:
         with bar(kind, cfg.train.steps, enabled=not quiet) as adv:
             adv(learner.step)
@@ -380,11 +324,10 @@ def _train_and_finish(learner: Learner, cfg: SFTRunConfig | RLRunConfig, out: Pa
         learner.save_checkpoint()
         return {"step": learner.step, "stopped": True}
     final = learner.save_final(out / "final")
-    if kind == "sft":
-        plot_metrics(out / "metrics.jsonl", out / "loss.png", ["loss", "token_accuracy"], "SFT")
-    else:
-        plot_metrics(out / "metrics.jsonl", out / "reward.png", ["reward", "success", "loss"], "RL")
-    result: dict[str, Any] = {"step": learner.step, "final": str(final), **extra, "last": last}
+    if recipe.plot is not None:
+        name, keys, title = recipe.plot
+        plot_metrics(out / "metrics.jsonl", out / name, list(keys), title)
+    result: dict[str, Any] = {"step": learner.step, "final": str(final), **recipe.result, "last": last}
     if hook is not None:
         result["eval"] = hook(learner.step, learner.model)
     atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))

@@ -8,20 +8,28 @@ accumulation gives exactly the loss of the full batch.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Union
 
 import torch
 
 from trajtune.algorithms.batch import Batch
 
 
+#: name -> (sum, denominator): the learner reports Σ sums / Σ denominators over a step's
+#: micro-batches and updates; a plain float is a count and is summed.
+Metrics = dict[str, Union[tuple[float, float], float]]
+
+
 class Objective(Protocol):
+    """``coupled_rows`` (optional attribute, default False): the loss of a row needs the other rows
+    of its unit in the same forward (DPO pairs), so micro-batches never split a unit."""
+
     name: str
 
     def denominator(self, batch: Batch) -> float:
         """Units this batch contributes to the step's normaliser (computed without the model)."""
         ...
 
-    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Un-normalised loss (a scalar tensor with grad) and metrics (sums, divided by the learner)."""
+    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
+        """Un-normalised loss (a scalar tensor with grad) and metrics as (sum, denominator) pairs."""
         ...

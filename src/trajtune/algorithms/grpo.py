@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import torch
 
+from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, token_logprobs
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
@@ -68,9 +69,27 @@ def overlong_penalty(length: int, max_length: int, cache: int) -> float:
     return -1.0
 
 
+def mark_nonfinite_rewards(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], int]:
+    """A non-finite reward (inf or NaN, e.g. from a buggy reward function) says nothing about the
+    policy: the episode becomes ``env_error`` with zero weight and no reward, whatever the
+    termination policy says, so its group's mean and std stay finite."""
+    n = 0
+    for t in tts:
+        if not math.isfinite(float(t.reward or 0.0)):
+            n += 1
+            t.meta["nonfinite_reward"] = float(t.reward)  # type: ignore[arg-type]
+            t.reward = 0.0
+            t.termination = "env_error"
+            t.weight = [0.0] * len(t.weight)
+            t.meta["masked"] = True
+    return tts, n
+
+
 def apply_termination_policy(tts: list[TokenTrajectory],
                              policy: dict[str, TerminationPolicy] | None = None) -> list[TokenTrajectory]:
-    """Make what happens to truncated / failed episodes explicit (Contract 4)."""
+    """Make what happens to truncated / failed episodes explicit (Contract 4). A masked episode gets
+    zero weight and ``meta['masked']``, which keeps it out of its group's baseline (see
+    ``assign_advantages``)."""
     pol = dict(DEFAULT_TERMINATION_POLICY, **(policy or {}))
     out = []
     for t in tts:
@@ -81,46 +100,91 @@ def apply_termination_policy(tts: list[TokenTrajectory],
             t.reward = 0.0
         elif action == "mask":
             t.weight = [0.0] * len(t.weight)
+            t.meta["masked"] = True
         out.append(t)
     return out
 
 
-def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
-                      drop_equal_groups: bool = False) -> tuple[list[TokenTrajectory], dict[str, float]]:
-    """Group by ``group`` (the task), compute advantages, broadcast them to policy tokens.
+def apply_overlong_penalty(tts: list[TokenTrajectory], max_length: int, cache: int) -> float:
+    """Add DAPO's soft overlong penalty to each reward, |y| = the episode's policy tokens. Returns the
+    mean penalty (a metric)."""
+    total = 0.0
+    for t in tts:
+        p = overlong_penalty(t.n_policy(), max_length, cache)
+        t.reward = float(t.reward or 0.0) + p
+        total += p
+    return total / max(1, len(tts))
 
-    A group holding a non-finite reward (inf or NaN, e.g. from a buggy reward function) is dropped
-    whole and counted in ``nonfinite_reward_groups``: one such reward makes the group's mean and std
-    non-finite, so every advantage of the group would be NaN and one optimizer step would turn the
-    weights into NaN."""
+
+Whitening = Literal["token", "trajectory"]
+
+
+def whiten_advantages(values: list[float], counts: list[int], mode: Whitening = "token",
+                      eps: float = 1e-8) -> list[float]:
+    """Batch whitening for REINFORCE++. ``token``: statistics over policy tokens (each trajectory's
+    value counted once per policy token, unbiased std, as verl's masked whitening), so a long
+    trajectory weighs more; ``trajectory``: one value per trajectory."""
+    if mode == "trajectory":
+        return whiten(values, eps)
+    v = torch.tensor(values, dtype=torch.float64)
+    c = torch.tensor(counts, dtype=torch.float64)
+    n = float(c.sum())
+    if n < 2:
+        return [0.0 for _ in values]
+    mean = float((v * c).sum()) / n
+    var = float((c * (v - mean) ** 2).sum()) / (n - 1)
+    return [float((x - mean) / (math.sqrt(var) + eps)) for x in values]
+
+
+def is_informative(members: list[TokenTrajectory]) -> bool:
+    """A group teaches something only when its unmasked members' rewards differ (DAPO)."""
+    r = [float(t.reward or 0.0) for t in members if not t.meta.get("masked")]
+    return len(r) >= 2 and max(r) != min(r)
+
+
+def groups_of(tts: list[TokenTrajectory]) -> dict[str, list[TokenTrajectory]]:
     groups: dict[str, list[TokenTrajectory]] = defaultdict(list)
     for t in tts:
         groups[t.group or t.traj_id].append(t)
+    return groups
+
+
+def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
+                      drop_equal_groups: bool = False, whitening: Whitening = "token",
+                      masked_in_baseline: bool = False) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    """Group by ``group`` (the task), compute advantages, broadcast them to policy tokens.
+
+    Masked episodes (``meta['masked']``: env errors, timeouts, non-finite rewards) get advantage 0
+    and, unless ``masked_in_baseline``, stay out of the baseline: an environment failure says
+    nothing about the policy, and counting it as reward 0 would raise its siblings' advantages.
+    A non-finite reward left unmarked is marked here (see ``mark_nonfinite_rewards``)."""
+    tts, n_nonfinite = mark_nonfinite_rewards(tts)
+    groups = groups_of(tts)
     kept: list[TokenTrajectory] = []
-    n_equal = n_nonfinite = 0
+    n_equal = 0
     scalar: dict[int, float] = {}
     for members in groups.values():
-        rewards = [float(t.reward or 0.0) for t in members]
-        if not all(math.isfinite(r) for r in rewards):
-            n_nonfinite += 1
-            continue
-        if max(rewards) == min(rewards):
+        base = [t for t in members if masked_in_baseline or not t.meta.get("masked")]
+        rewards = [float(t.reward or 0.0) for t in base]
+        if not rewards or max(rewards) == min(rewards):
             n_equal += 1
             if drop_equal_groups:
                 continue
-        base = estimator if estimator != "reinforce_pp_baseline" else "reinforce_pp_baseline"
-        for t, a in zip(members, group_advantages(rewards, base)):
-            scalar[id(t)] = a
+        adv = dict(zip(map(id, base), group_advantages(rewards, estimator)))
+        for t in members:
+            scalar[id(t)] = 0.0 if t.meta.get("masked") else adv.get(id(t), 0.0)
             kept.append(t)
-    if estimator in ("reinforce_pp", "reinforce_pp_baseline") and kept:
-        white = whiten([scalar[id(t)] for t in kept])
-        for t, a in zip(kept, white):
+    if estimator in ("reinforce_pp", "reinforce_pp_baseline"):
+        live = [t for t in kept if not t.meta.get("masked")]
+        white = whiten_advantages([scalar[id(t)] for t in live], [t.n_policy() for t in live], whitening)
+        for t, a in zip(live, white):
             scalar[id(t)] = a
     for t in kept:
         a = scalar[id(t)]
         t.advantages = [a if s == SOURCE_POLICY else 0.0 for s in t.source]
     return kept, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal),
-                  "nonfinite_reward_groups": float(n_nonfinite)}
+                  "nonfinite_rewards": float(n_nonfinite),
+                  "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
 
 
 @dataclass
@@ -180,19 +244,19 @@ class PolicyGradientObjective:
             return (per_seq / mask.sum(1).clamp_min(1.0)).sum()
         return per_seq.sum()
 
-    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         logp, _ = token_logprobs(model, batch, self.temperature)
         mask = self._mask(batch)
         loss, st = self.per_token_loss(logp, batch)
         total = self.aggregate(loss, mask)
-        n = mask.sum()
-        metrics = {
-            "tokens": float(n),
-            "clip_frac_sum": float((st["clipped"] * mask).sum()),
-            "ratio_sum": float((st["ratio"] * mask).sum()),
+        n = float(mask.sum())
+        metrics: Metrics = {
+            "tokens": n,
+            "clip_frac": (float((st["clipped"] * mask).sum()), n),
+            "ratio": (float((st["ratio"] * mask).sum()), n),
         }
         if "kl" in st:
-            metrics["kl_sum"] = float((st["kl"] * mask).sum())
+            metrics["kl"] = (float((st["kl"] * mask).sum()), n)
         return total, metrics
 
 

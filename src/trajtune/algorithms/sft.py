@@ -8,12 +8,18 @@ token's cross-entropy by a gradient-free entropy gate.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch
+from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.config import DataSpec, RunBase
+from trajtune.errors import DataError, require_input
+from trajtune.tokens import TokenTrajectory
 
 
 def eaft_weights(logits: torch.Tensor, top_k: int = 20, alpha: float = 1.0) -> torch.Tensor:
@@ -38,7 +44,7 @@ class SFTObjective:
     def denominator(self, batch: Batch) -> float:
         return float((batch.loss_mask() * batch.weight[:, 1:]).sum())
 
-    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         mask = batch.loss_mask()
         # Only positions that predict a trained token need logits: with a real vocabulary (49 k for
         # SmolLM2) the LM head and the cross-entropy over all positions are a quarter of the step.
@@ -55,7 +61,8 @@ class SFTObjective:
         loss = (ce * w).sum()
         with torch.no_grad():
             correct = ((logits.argmax(-1) == targets).float() * m).sum()
-        return loss, {"ce_sum": float((ce.detach() * m).sum()), "tokens": float(m.sum()), "correct": float(correct)}
+        n = float(m.sum())
+        return loss, {"ce": (float((ce.detach() * m).sum()), n), "token_accuracy": (float(correct), n), "tokens": n}
 
 
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
@@ -71,3 +78,99 @@ def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.
     if logits.shape[1] != positions.numel():  # the argument was ignored
         logits = logits[:, positions]
     return logits
+
+
+# -- the `sft` algorithm: config, data preparation, recipe ------------------------------------------
+
+class SFTRunConfig(RunBase):
+    """``algorithm: sft``: supervised fine-tuning on trajectories from a file (any supported format)."""
+
+    algorithm: Literal["sft"] = "sft"
+    data: DataSpec
+
+
+def render_training_data(trajs: list[Any], renderer: Any, path: str, max_length: int,
+                         truncation: str, quiet: bool = True) -> tuple[list[TokenTrajectory], dict[str, Any]]:
+    """IR trajectories → trained samples, refusing (never silently dropping) what cannot train.
+
+    Returns the samples and counts for result.json: records with no trained token (by reason) and
+    samples cut or dropped by the truncation policy."""
+    from trajtune.algorithms.batch import fit_length
+    from trajtune.chat.render import RenderError
+    from trajtune.progress import bar
+
+    tts: list[TokenTrajectory] = []
+    dropped: Counter = Counter()
+    with bar("render", len(trajs), enabled=not quiet) as adv:
+        for t in trajs:
+            try:
+                samples = [s for s in renderer.render_samples(t) if any(w > 0 for w in s.weight)]
+            except RenderError as e:
+                raise RenderError(f"{path}: trajectory {t.id!r}: {e}") from None
+            if not samples:
+                dropped["no_assistant_turn" if all(m.role != "assistant" for m in t.messages)
+                        else "no_trained_token"] += 1
+            tts.extend(samples)
+            adv()
+    if not tts:
+        raise DataError(f"{path}: none of the {len(trajs)} records has a trained token ({dict(dropped)}); "
+                        "records need an assistant turn to learn (check data.train_on and the records' train flags)")
+    n_rendered = len(tts)
+    tts, n_cut = fit_length(tts, max_length, truncation)  # type: ignore[arg-type]
+    if n_rendered and not tts:
+        raise DataError(f"all {n_rendered} samples are longer than data.max_length ({max_length}) and "
+                        "were dropped; raise data.max_length or set data.truncation: truncate")
+    tts = [t for t in tts if any(w > 0 for w in t.weight)]
+    if not tts:
+        raise DataError("no trajectory has a trained token (check data.train_on and the records' train flags)")
+    return tts, {"train_records": len(tts), "truncated_or_dropped": n_cut, "dropped_records": dict(dropped)}
+
+
+def iter_data(path: str, fmt: str | None, skip_invalid: bool = False, stats: Any = None) -> Any:
+    """Read training data in any supported format (auto-detected when ``fmt`` is None, gzip read
+    directly), refusing what `trajtune data validate` rejects (or, with ``skip_invalid``, skipping
+    it and counting it in ``stats``)."""
+    from trajtune.formats import load_any
+    from trajtune.validate import record_check
+
+    yield from load_any(path, format=fmt, skip_invalid=skip_invalid, stats=stats, check=record_check(path))
+
+
+def load_records(spec: DataSpec) -> tuple[list[Any], Any]:
+    from trajtune.formats import LoadStats
+
+    trajs = []
+    load = LoadStats()
+    for i, t in enumerate(iter_data(spec.path, spec.format, spec.skip_invalid, load)):
+        if spec.limit and i >= spec.limit:
+            break
+        trajs.append(t)
+    if not trajs:
+        raise DataError(f"{spec.path}: no training records" +
+                        (f" ({load.skipped} invalid record(s) skipped: {dict(load.by_rule)})" if load.skipped else ""))
+    return trajs, load
+
+
+def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory], dict[str, Any]]:
+    require_input(cfg.data.path, "data.path")
+    trajs, load = load_records(cfg.data)
+    tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length, cfg.data.truncation,
+                                       ctx.quiet)
+    return tts, {"train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
+                 "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
+                 "dropped_records": counts["dropped_records"]}
+
+
+def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:
+    from trajtune.experience import DatasetSource
+
+    tts, counts = prepared
+    t = cfg.train
+    return Recipe(source=DatasetSource(tts, t.batch_size, cfg.seed),
+                  objective=SFTObjective(t.eaft, t.eaft_top_k, t.eaft_alpha),
+                  micro_batch_size=min(t.micro_batch_size, t.batch_size), result=counts,
+                  shown=("loss", "token_accuracy"), plot=("loss.png", ("loss", "token_accuracy"), "SFT"))
+
+
+register_algorithm(Algorithm("sft", SFTRunConfig, "supervised fine-tuning on trajectories (assistant tokens only)",
+                             _prepare, _build))

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import typer
 
-from trajtune.errors import DataError, ModelLoadError, OutputError, UsageError, require_input
+from trajtune.errors import DataError, OutputError, UsageError, require_input
 from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem
 from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
@@ -563,6 +563,51 @@ def dedup(
                 w.write(export(traj)[0])
     typer.echo(f"kept {w.count}, dropped {dropped} duplicate(s) ({mode}) -> {output}")
     _print_skips(ls)
+
+
+@data_app.command()
+def pairs(
+    input: Path = typer.Argument(..., help="Episodes JSONL: rollouts.jsonl of an rl run, episodes.jsonl of an eval, "
+                                           "or any IR trajectories with an outcome."),
+    output: Path = typer.Option(..., "--out", "-o", help="Output JSONL of preference pairs (docs/formats.md)."),
+    max_per_task: int = typer.Option(2, "--max-per-task", min=1, help="Pairs per task at most."),
+    seed: int = typer.Option(0, "--seed", help="Seed for choosing which successes and failures are paired."),
+    overwrite: bool = OverwriteOpt,
+) -> None:
+    """Mine trajectory-level preference pairs (success ≻ failure of the same task) from episodes, for
+    inspection or for `algorithm: dpo` with `dpo.pairs`.
+
+    A task is an episode's id (the task id) together with its `step` (rl rollouts) and its metadata
+    seed and split, so episodes of different tasks, or of the same task under different policies,
+    are never paired. Failures by environment error or timeout are never the rejected side.
+
+    Example: trajtune data pairs runs/rl-home/rollouts.jsonl -o pairs.jsonl --max-per-task 2
+    """
+    from types import SimpleNamespace
+
+    from trajtune.algorithms.dpo import mine_trajectory_pairs, pairs_to_jsonl
+    from trajtune.schema import atomic_write_text, iter_jsonl, parse_trajectory
+
+    with _path_errors():
+        _input(input)
+        _check_output(output, overwrite, [input])
+        episodes = []
+        for line, obj in iter_jsonl(input):
+            step = obj.pop("step", None) if isinstance(obj, dict) else None
+            t = parse_trajectory(obj, input, line)
+            if t.outcome is None or t.outcome.success is None:
+                raise RecordError(input, line, "the episode has no outcome.success; pairs need verified outcomes",
+                                  rule="P305", record_id=t.id, hint="mine pairs from rl rollouts or eval episodes")
+            key = "|".join(str(x) for x in (t.id, step, t.metadata.get("seed"), t.metadata.get("split")))
+            episodes.append(SimpleNamespace(trajectory=t, task=SimpleNamespace(id=key), tokens=None))
+        mined, counts = mine_trajectory_pairs(episodes, max_per_task, seed)
+        if not mined:
+            raise DataError(f"{input}: no pair: of {counts['tasks']} tasks, {counts['tasks_all_success']} always "
+                            f"succeeded, {counts['tasks_all_fail']} always failed and {counts['tasks_env_failures']} "
+                            "failed only by environment errors (a pair needs a success and a failure of one task)")
+        out_pairs = [m.pair.model_copy(update={"task_id": m.pair.chosen.id}) for m in mined]
+        atomic_write_text(output, pairs_to_jsonl(out_pairs))
+    typer.echo(json.dumps({**counts, "output": str(output)}))
 
 
 if __name__ == "__main__":  # pragma: no cover

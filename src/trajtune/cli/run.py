@@ -1,4 +1,4 @@
-"""The training commands: sft, rl, demo (and the registration of `eval`, defined in ``cli.eval_cmd``).
+"""The training commands: train (and its aliases sft, rl), demo (and the registration of `eval`, defined in ``cli.eval_cmd``).
 
 They parse arguments, load and validate configs and call into ``trajtune.train`` / ``trajtune.demo``.
 Errors a user can fix are ``trajtune.errors.UserError``s; ``cli.main`` turns them into one line and
@@ -33,32 +33,48 @@ AllowChangeOpt = Annotated[bool, typer.Option(
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or messages; only the result JSON on stdout.")]
 
 
+def _train(config: Path, set_: list[str] | None, algorithm: str | None, overwrite: bool, resume: bool,
+           allow_config_change: bool, quiet: bool) -> None:
+    from trajtune.config import load_run_config
+    from trajtune.train import run
+
+    cfg = load_run_config(config, set_ or [], algorithm)
+    result = run(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
+    print_result({k: v for k, v in result.items() if k != "last"})
+
+
+def train(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
+          allow_config_change: AllowChangeOpt = False, quiet: QuietOpt = False) -> None:
+    """Train with any algorithm; the config's `algorithm:` key picks it (sft, rl, rft, dpo).
+
+    sft: supervised fine-tuning on trajectories. rl: online RL in an environment (GRPO family).
+    rft: rejection-sampling fine-tuning on the policy's own verified successes (+ expert-failure
+    mining with rft.eef). dpo: preference optimisation on pairs from a file or mined from rollouts.
+    See docs/algorithms.md.
+
+    Example: trajtune train --config examples/rl_home.yaml --set rl.ppo_epochs=2
+    """
+    _train(config, set_, None, overwrite, resume, allow_config_change, quiet)
+
+
 def sft(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
         allow_config_change: AllowChangeOpt = False, quiet: QuietOpt = False) -> None:
-    """Supervised fine-tuning on trajectories (assistant tokens only; full or LoRA).
+    """Supervised fine-tuning on trajectories (assistant tokens only; full or LoRA). Same as
+    `trajtune train` with `algorithm: sft` (the default for this command).
 
     Example: trajtune sft --config examples/sft_home.yaml --set train.steps=200
     """
-    from trajtune.config import SFTRunConfig, load_config
-    from trajtune.train import run_sft
-
-    cfg = load_config(config, SFTRunConfig, set_ or [])
-    result = run_sft(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
-    print_result({k: v for k, v in result.items() if k != "last"})
+    _train(config, set_, "sft", overwrite, resume, allow_config_change, quiet)
 
 
 def rl(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
        allow_config_change: AllowChangeOpt = False, quiet: QuietOpt = False) -> None:
-    """Online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++) in an environment.
+    """Online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++) in an environment. Same as
+    `trajtune train` with `algorithm: rl` (the default for this command).
 
     Example: trajtune rl --config examples/rl_home.yaml --set rl.group_size=8
     """
-    from trajtune.config import RLRunConfig, load_config
-    from trajtune.train import run_rl
-
-    cfg = load_config(config, RLRunConfig, set_ or [])
-    result = run_rl(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
-    print_result({k: v for k, v in result.items() if k != "last"})
+    _train(config, set_, "rl", overwrite, resume, allow_config_change, quiet)
 
 
 def demo(
@@ -118,6 +134,7 @@ def demo(
 
 
 def register(app: typer.Typer) -> None:
+    app.command("train")(train)
     app.command("sft")(sft)
     app.command("rl")(rl)
     from trajtune.cli.eval_cmd import eval_

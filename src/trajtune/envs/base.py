@@ -55,6 +55,12 @@ class Environment(ABC):
     name: str = "base"
     description: str = ""
     max_turns: int = 8
+    # True when the state depends only on the task and the actions taken, so replaying an action
+    # prefix after ``reset`` reaches the same state again (``reach``). Expert-failure mining and
+    # step-level preference pairs start episodes from such states. False unless an environment
+    # says so: replaying a world with outside state (a live server, unseeded randomness) would
+    # silently land somewhere else.
+    deterministic: bool = False
 
     @abstractmethod
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
@@ -79,6 +85,32 @@ class Environment(ABC):
     def render(self) -> str:
         """A human-readable view of the current state."""
         return f"<{self.name}>"
+
+    def reach(self, task: Task, prefix: list[Message]) -> tuple[list[Message], list[ToolSpec], bool]:
+        """Put the environment in the state after ``prefix`` (a conversation on ``task``) and return
+        the history, the tools on offer and whether the episode already ended there.
+
+        The default resets and replays the prefix's assistant actions; observations come from the
+        environment, never from the prefix, so the history is what the policy would have seen. An
+        environment that can restore a snapshot directly may override this; one that is not
+        ``deterministic`` must not be replayed."""
+        if not self.deterministic:
+            raise EnvError(f"environment {self.name!r} is not deterministic, so a state cannot be reached by "
+                           "replaying actions; set `deterministic = True` on the class if its state depends only "
+                           "on the task and the actions, or override `reach` to restore a snapshot")
+        res = self.reset(task)
+        messages, tools = list(res.messages), list(res.tools)
+        for m in prefix:
+            if m.role != "assistant":
+                continue
+            messages.append(m)
+            out = self.step(m)
+            messages.extend(out.observations)
+            if isinstance(out.info.get("tools"), list) and out.info["tools"]:
+                tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in out.info["tools"]]
+            if out.done or (out.termination and out.termination != "done"):
+                return messages, tools, True
+        return messages, tools, False
 
 
 EnvFactory = Callable[..., Environment]

@@ -234,6 +234,7 @@ class FncallEnv(Environment):
     description = ("Function calling over randomised schemas (26 domains, 0-3 distractors): make the one correct call; "
                    "options single_turn, holdout, min/max_distractors, same_domain.")
     max_turns = 3
+    deterministic = True  # results are a function of the call
 
     def __init__(self, **options: Any) -> None:
         self.options = parse_options(options)

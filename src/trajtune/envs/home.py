@@ -90,6 +90,7 @@ class HomeEnv(Environment):
     name = "home"
     description = "Smart-home tool world: read room states and switch devices (set / copy / toggle tasks)."
     max_turns = 4
+    deterministic = True
 
     def __init__(self, kinds: list[str] | None = None) -> None:
         bad = [k for k in (kinds or []) if k not in KINDS]

@@ -45,6 +45,7 @@ class ToolEnv(Environment):
     """Shared mechanics of the built-in tool-calling environments."""
 
     tool_names: tuple[str, ...] = ()
+    deterministic = True  # built-in worlds draw everything from the task seed and the actions
     recoverable: tuple[type[BaseException], ...] = (ToolError,)
     system_prompt: str = "You are a helpful agent. Use the tools to complete the task, then reply with a short final answer."
 

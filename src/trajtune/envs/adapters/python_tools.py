@@ -55,8 +55,10 @@ class PythonToolsEnv(ToolEnv):
                  turn_reward_fn: Callable[[Any, Task, Message, list[Message]], float] | None = None,
                  prompt: str | Callable[[Task], str] | None = None,
                  system_prompt: str | None = None, max_turns: int = 8, name: str = "python_tools",
-                 recoverable: tuple[type[BaseException], ...] = (ToolError,)):
+                 recoverable: tuple[type[BaseException], ...] = (ToolError,), deterministic: bool = False):
         super().__init__()
+        # a fresh toolbox per episode, but its methods are the user's: replayable only when they say so
+        self.deterministic = deterministic
         self.toolbox_factory = toolbox
         self._tasks = tasks
         self.reward_fn = reward_fn

@@ -1,0 +1,112 @@
+"""The algorithm registry: a training algorithm is one module that registers itself here.
+
+A module defines its run config (a ``RunBase`` subclass whose ``algorithm`` field is a
+``Literal`` of its name: one member of the union tagged by ``algorithm:``) and an ``Algorithm``
+with two functions:
+
+- ``prepare(cfg, ctx)``: everything that can fail on the user's input before anything is written
+  or a model is loaded (read and validate data, check environments); returns whatever ``build``
+  needs.
+- ``build(cfg, ctx, prepared)``: after the run directory exists and the policy is loaded, the
+  ``Recipe``: an experience source (with its transform list), an objective, and how the learner
+  should use them.
+
+``trajtune.train.run`` does the rest for every algorithm: run-directory checks, resume, the
+learner, the final model, ``result.json``. docs/algorithms.md walks through adding one (DPO).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+from pydantic import Field
+
+from trajtune.errors import ConfigError
+
+#: Modules that register the built-in algorithms (imported on first use, so importing the registry
+#: stays cheap and the config module never imports torch).
+BUILTIN_MODULES = ("trajtune.algorithms.sft", "trajtune.algorithms.rl", "trajtune.algorithms.rft",
+                   "trajtune.algorithms.dpo")
+
+
+@dataclass
+class RunContext:
+    """What ``prepare`` and ``build`` may use. ``out``, ``model`` and ``load_reference`` are set
+    before ``build``; ``prepare`` sees only the tokenizer and the renderer."""
+
+    tokenizer: Any
+    renderer: Any
+    quiet: bool = False
+    out: Path | None = None
+    model: Any = None
+    load_reference: Callable[[], Any] | None = None  # a frozen copy of the initial policy
+
+
+@dataclass
+class Recipe:
+    """How the one learner trains this algorithm."""
+
+    source: Any  # an ExperienceSource: batch(step, model) -> (trajectories, metrics)
+    objective: Any  # an Objective (algorithms.base)
+    micro_batch_size: int
+    epochs: int = 1  # passes over one step's experience
+    mini_batches: int = 1  # optimizer updates per pass
+    step_logs: list[Path] = field(default_factory=list)  # JSONL files with a "step" per line (trimmed on resume)
+    result: dict[str, Any] = field(default_factory=dict)  # extra fields for result.json
+    shown: tuple[str, ...] = ("loss",)  # metrics on the progress bar
+    plot: tuple[str, tuple[str, ...], str] | None = None  # (file name, metrics, title)
+    on_resume: Callable[[int], None] | None = None  # told the step a run resumes from
+
+
+@dataclass
+class Algorithm:
+    name: str
+    config: type  # the run config class (a trajtune.config.RunBase subclass)
+    summary: str
+    prepare: Callable[[Any, RunContext], Any]
+    build: Callable[[Any, RunContext, Any], Recipe]
+
+
+_ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register_algorithm(algo: Algorithm) -> Algorithm:
+    field_ = algo.config.model_fields.get("algorithm")
+    if field_ is None or field_.default != algo.name:
+        raise ValueError(f"{algo.config.__name__}.algorithm must default to {algo.name!r} (the union's tag)")
+    if algo.name in _ALGORITHMS and _ALGORITHMS[algo.name] is not algo:
+        raise ValueError(f"algorithm {algo.name!r} is already registered")
+    _ALGORITHMS[algo.name] = algo
+    return algo
+
+
+def _load_builtins() -> None:
+    for mod in BUILTIN_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:  # a module that exists but fails to import is a bug, not a missing plug-in
+                raise
+
+
+def algorithms() -> dict[str, Algorithm]:
+    _load_builtins()
+    return dict(_ALGORITHMS)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    known = algorithms()
+    if name not in known:
+        raise ConfigError(f"unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def run_config_union() -> Any:
+    """``Annotated[Union[...], Field(discriminator="algorithm")]`` over the registered configs (for
+    typing, schemas and docs; loading dispatches on the tag directly for clearer errors)."""
+    classes = tuple(a.config for a in algorithms().values())
+    return Annotated[Union[classes], Field(discriminator="algorithm")]  # type: ignore[valid-type]

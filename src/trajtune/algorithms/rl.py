@@ -1,0 +1,161 @@
+"""The ``rl`` algorithm: online multi-turn policy gradient (GRPO, Dr. GRPO, RLOO, REINFORCE++).
+
+The math (advantages, termination policy, overlong penalty, the clipped objective) is in
+``algorithms.grpo``; this module is the recipe: a rollout source with the transform list the
+config asks for, the objective, and how many updates one rollout batch feeds (``ppo_epochs`` ×
+``mini_batches``; with more than one, π_old is the sampling policy's stored log-probs, so the
+ratio leaves 1 and the clip binds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientObjective
+from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.config import EnvRunBase, TrainSpec, _C
+from trajtune.envs.base import make_env
+
+
+class DynamicSampling(BaseModel):
+    """DAPO dynamic sampling: resample until the batch holds ``rl.tasks_per_step`` informative groups."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_rounds: int = Field(4, gt=1, description="sampling rounds per step at most (the first included); a step "
+                                                 "that still lacks informative groups trains on those it has")
+
+
+class Overlong(BaseModel):
+    """DAPO soft overlong penalty on the policy's token count |y|: 0 up to L−C, linear to −1 at L, −1 beyond."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_length: int = Field(gt=0, description="L: the length at which the penalty reaches −1")
+    cache: int = Field(gt=0, description="C: the width of the linear band before L")
+
+    @model_validator(mode="after")
+    def _band(self) -> "Overlong":
+        if self.cache > self.max_length:
+            raise ValueError("rl.overlong.cache must not exceed rl.overlong.max_length")
+        return self
+
+
+class RLSpec(_C):
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    tasks_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, gt=0)
+    n_train_tasks: int = Field(1024, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    norm_length: float = Field(1024.0, gt=0)
+    drop_equal_groups: bool = False
+    termination: dict[str, Literal["keep", "zero_reward", "mask", "drop"]] = Field(default_factory=dict)
+    ppo_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
+    mini_batches: int = Field(1, gt=0, description="optimizer updates per pass (whole groups per mini-batch)")
+    dynamic_sampling: DynamicSampling | None = Field(
+        None, description="DAPO: keep sampling until tasks_per_step groups have differing rewards (implies "
+                          "drop_equal_groups)")
+    overlong: Overlong | None = Field(None, description="DAPO soft overlong penalty added to the reward")
+    whitening: Literal["token", "trajectory"] = Field(
+        "token", description="REINFORCE++ batch whitening statistics: over policy tokens (verl) or trajectories")
+    masked_in_baseline: bool = Field(
+        False, description="count masked episodes (env errors, timeouts, non-finite rewards) in their group's "
+                           "baseline; by default they are left out, since they say nothing about the policy")
+
+    @field_validator("termination")
+    @classmethod
+    def _known_terminations(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(set(v) - set(DEFAULT_TERMINATION_POLICY))
+        if bad:
+            raise ValueError(f"rl.termination: unknown termination(s) {bad}; known: "
+                             f"{', '.join(DEFAULT_TERMINATION_POLICY)}")
+        return v
+
+    @model_validator(mode="after")
+    def _no_ops(self) -> "RLSpec":
+        s = self.non_default()
+        if self.kl_coef == 0 and "kl_estimator" in s:
+            raise ValueError("rl.kl_estimator is set but rl.kl_coef is 0: no KL term would be computed")
+        if self.aggregation != "seq_mean_token_sum_norm" and "norm_length" in s:
+            raise ValueError("rl.norm_length only applies to aggregation: seq_mean_token_sum_norm")
+        if self.group_size == 1 and self.estimator in ("grpo", "dr_grpo", "rloo"):
+            raise ValueError(f"rl.group_size 1 gives zero advantages with estimator {self.estimator}; use >= 2")
+        if self.group_size == 1 and (self.drop_equal_groups or self.dynamic_sampling is not None):
+            raise ValueError("rl.drop_equal_groups / rl.dynamic_sampling with group_size 1 would drop every group")
+        if "whitening" in s and not self.estimator.startswith("reinforce_pp"):
+            raise ValueError("rl.whitening only applies to the reinforce_pp estimators")
+        if self.mini_batches > self.tasks_per_step:
+            raise ValueError(f"rl.mini_batches ({self.mini_batches}) > rl.tasks_per_step ({self.tasks_per_step}): "
+                             "a mini-batch holds whole groups, so some would be empty")
+        return self
+
+
+class RLRunConfig(EnvRunBase):
+    """``algorithm: rl``: online RL in an environment."""
+
+    algorithm: Literal["rl"] = "rl"
+    rl: RLSpec = Field(default_factory=RLSpec)
+
+    @field_validator("train")
+    @classmethod
+    def _rl_train(cls, v: TrainSpec) -> TrainSpec:
+        if "batch_size" in v.non_default():
+            raise ValueError("train.batch_size is not used by RL (a step is rl.tasks_per_step × rl.group_size episodes)")
+        return v
+
+
+def episode_writer(path: Path) -> Any:
+    """``on_episodes`` callback appending every sampled episode to ``path``, tagged with the optimizer
+    step it feeds (step + 1, the number metrics.jsonl uses)."""
+
+    def keep(step: int, episodes: list[Any]) -> None:
+        with path.open("a") as f:
+            for e in episodes:
+                f.write(json.dumps({"step": step + 1, **e.trajectory.model_dump(mode="json", exclude_none=True)}) + "\n")
+
+    return keep
+
+
+def _prepare(cfg: RLRunConfig, ctx: RunContext) -> None:
+    make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
+
+
+def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
+    from trajtune.experience import RolloutSource, rl_transforms
+    from trajtune.rollout import RolloutConfig
+
+    assert ctx.out is not None
+    r = cfg.rl
+    ro = RolloutConfig(**cfg.rollout.model_dump())
+    temperature = ro.temperature if ro.temperature > 0 else 1.0
+    ref = ctx.load_reference() if r.kl_coef > 0 and ctx.load_reference else None
+    tok = ctx.tokenizer
+    per_round, per_batch = rl_transforms(
+        estimator=r.estimator, termination=dict(r.termination),
+        drop_equal_groups=r.drop_equal_groups or r.dynamic_sampling is not None, whitening=r.whitening,
+        masked_in_baseline=r.masked_in_baseline,
+        overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
+        ref_model=ref, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, temperature=temperature)
+    env_name, kwargs = cfg.env.name, cfg.env.kwargs
+    tasks = make_env(env_name, **kwargs).tasks("train", r.n_train_tasks, seed=cfg.seed)
+    episodes_path = ctx.out / "rollouts.jsonl"
+    source = RolloutSource(tok, lambda: make_env(env_name, **kwargs), tasks, ro, r.tasks_per_step, r.group_size,
+                           per_round=per_round, per_batch=per_batch,
+                           min_groups=r.tasks_per_step if r.dynamic_sampling else None,
+                           max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
+                           seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path))
+    objective = PolicyGradientObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation,
+                                        r.norm_length, temperature)
+    return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
+                  epochs=r.ppo_epochs, mini_batches=r.mini_batches, step_logs=[episodes_path],
+                  shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"))
+
+
+register_algorithm(Algorithm("rl", RLRunConfig, "online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++)",
+                             _prepare, _build))
