@@ -293,7 +293,7 @@ def test_eef_twelve_step_chain():
     assert beneficial_segments(12, states, [False, True, False, True]) == [0, 1, 2, 6, 7, 8]
     assert beneficial_segments(12, states, [True, True, True, True]) == []
     assert beneficial_segments(12, states, [False, False, False, False]) == []  # the last segment never counts
-    assert eef_states(2, 5) == [0]
+    assert eef_states(3, 5) == [0, 1, 2] and eef_states(13, 3) == [0, 3, 6, 9]  # fewer than M + 1 actions: every state
 
 
 def test_supervise_actions_trains_only_the_chosen_turns(tiny_tok, home_experts):

@@ -83,11 +83,11 @@ def rft_mine(model: Any, tokenizer: Any, renderer: Any, env_factory: Any, tasks:
 
 def eef_states(n_steps: int, m: int) -> list[int]:
     """The states explored in a failed expert trajectory of ``n_steps`` actions: s_0, s_l, s_2l, …,
-    s_Ml with l = ⌊n/(M+1)⌋ (12 steps, M = 3: s0, s3, s6, s9). Fewer when the trajectory is short."""
-    step = n_steps // (m + 1)
-    if step == 0:
-        return [0]
-    return [i * step for i in range(m + 1)]
+    s_Ml with l = ⌊n/(M+1)⌋ (12 steps, M = 3: s0, s3, s6, s9). A trajectory shorter than M + 1
+    actions gets every state s_0 … s_{n−1} (l = 1) rather than none: agent trajectories are often
+    a handful of actions, and their failures are worth mining too."""
+    step = max(1, n_steps // (m + 1))
+    return [i * step for i in range(m + 1) if i * step < max(n_steps, 1)]
 
 
 def beneficial_segments(n_steps: int, states: list[int], success_from: list[bool]) -> list[int]:

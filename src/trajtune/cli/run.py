@@ -52,7 +52,8 @@ def train(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = Fals
     mining with rft.eef). dpo: preference optimisation on pairs from a file or mined from rollouts.
     See docs/algorithms.md.
 
-    Example: trajtune train --config examples/rl_home.yaml --set rl.ppo_epochs=2
+    Example: trajtune train --config examples/rft_home.yaml --set rft.k=8
+    Example: trajtune train --config examples/dpo_home.yaml --set dpo.level=step --resume
     """
     _train(config, set_, None, overwrite, resume, allow_config_change, quiet)
 
