@@ -194,3 +194,30 @@ def test_sft_loss_and_gradients_from_selected_positions_equal_the_full_computati
     for n, p in tiny_model.named_parameters():
         if p.grad is not None:
             assert torch.allclose(got[n], p.grad, atol=1e-6), n
+
+
+def test_token_logprobs_from_selected_positions_equal_the_full_computation(tiny_model, tiny_tok, home_experts):
+    """RL, DPO and the reference model get log-probs only where a policy token is predicted: equal to
+    the full-vocabulary computation there (values and gradients), 0 elsewhere."""
+    from trajtune.algorithms.batch import collate, token_logprobs
+    from trajtune.chat.render import ChatRenderer
+
+    r = ChatRenderer(tiny_tok)
+    tts = [r.render(t) for t in home_experts[:3]]
+    tts[1].weight = [0.0] * len(tts[1])  # a row without trained tokens still gets its policy log-probs
+    b = collate(tts, tiny_tok.pad_token_id)
+    policy = (b.source[:, 1:] == SOURCE_POLICY).float()
+    logp, _ = token_logprobs(tiny_model, b, temperature=0.7)
+    (logp * policy).sum().backward()
+    got = {n: p.grad.clone() for n, p in tiny_model.named_parameters() if p.grad is not None}
+    tiny_model.zero_grad()
+    full, logits = token_logprobs(tiny_model, b, temperature=0.7, return_logits=True)
+    assert logits.shape[-1] == tiny_model.config.vocab_size
+    (full * policy).sum().backward()
+    torch.testing.assert_close(logp * policy, full * policy, rtol=1e-5, atol=1e-5)
+    assert bool((policy[1] > 0).any()) and bool((logp[1] != 0).any())
+    outside = (b.source[:, 1:] != SOURCE_POLICY).all(0)  # positions no row predicts a policy token from
+    assert bool(outside.any()) and bool((logp[:, outside] == 0).all())
+    for n, p in tiny_model.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-4, atol=1e-6)

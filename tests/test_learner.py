@@ -89,3 +89,53 @@ def test_checkpoint_is_a_loadable_model_dir(tmp_path, tiny_dir, tiny_tok, home_e
     w = _weights(lr_)
     for k, v in m.state_dict().items():
         assert torch.equal(v, w[k])
+
+
+def test_length_grouping_and_gradient_checkpointing_keep_the_gradient(tmp_path, tiny_dir, tiny_tok, home_experts):
+    """Both only change how the step is computed: micro-batches of similar length (less padding) and
+    activations recomputed in the backward pass. The accumulated gradient stays the same."""
+    import pytest
+
+    tts = [ChatRenderer(tiny_tok).render(t) for t in home_experts[:8]]
+    assert len({len(t) for t in tts}) > 2
+    grads, padded = {}, {}
+    for name, group, ckpt in [("plain", False, False), ("grouped", True, False), ("checkpointed", False, True)]:
+        set_seed(0)
+        model = load_model(str(tiny_dir), dtype="float32", gradient_checkpointing=ckpt)
+        assert model.is_activation_checkpointing == ckpt
+        cfg = LearnerConfig(steps=1, lr=1e-2, micro_batch_size=2, schedule="constant", max_grad_norm=1e9,
+                            group_by_length=group)
+        lr_ = Learner(model, tiny_tok, SFTObjective(), DatasetSource(tts, 8, seed=0), cfg, tmp_path / name)
+        padded[name] = sum(len(mb) * max(len(t) for t in mb) for mb in lr_._micro_batches(tts))
+        captured = {}
+        lr_.optimizer.step = lambda: captured.update(
+            {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        lr_.train_step(tts)
+        grads[name] = captured
+    # home_experts[:8] sorted by length pack into fewer padded tokens than in data order
+    assert padded["grouped"] < padded["plain"] == padded["checkpointed"]
+    for name in ("grouped", "checkpointed"):
+        assert grads[name].keys() == grads["plain"].keys() and grads["plain"]
+        for k in grads["plain"]:
+            torch.testing.assert_close(grads[name][k], grads["plain"][k], atol=1e-6, rtol=1e-4)
+    with pytest.raises(Exception):  # noqa: B017 - a config typo is refused, not ignored
+        from trajtune.config import TrainSpec
+
+        TrainSpec(gradient_checkpoint=True)
+
+
+def test_gradient_checkpointing_with_lora_trains_the_adapter(tiny_dir, tiny_tok, home_experts):
+    """With frozen embeddings no input of a checkpointed layer requires grad, which has cost adapters
+    their gradients in some checkpointing setups: the adapter must still get one."""
+    from trajtune.algorithms.batch import collate
+    from trajtune.models.loading import LoraConfig
+
+    model = load_model(str(tiny_dir), dtype="float32", lora=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                       gradient_checkpointing=True)
+    model.train()
+    b = collate([ChatRenderer(tiny_tok).render(t) for t in home_experts[:2]], tiny_tok.pad_token_id)
+    loss, _ = SFTObjective().loss_sum(model, b)
+    loss.backward()
+    lora_grads = [p.grad for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
+    assert lora_grads and all(g is not None for g in lora_grads)
+    assert any(float(g.abs().sum()) > 0 for g in lora_grads)

@@ -109,6 +109,10 @@ class TrainSpec(_C):
     save_every: int = Field(0, ge=0)
     keep_last: int = Field(2, gt=0)
     eval_every: int = Field(0, ge=0)
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
+                                                            "memory, about a third more compute")
+    group_by_length: bool = Field(False, description="fill micro-batches with rows (units) of similar length, "
+                                                     "so less padding is computed; the step's gradient is the same")
     eaft: bool = False
     eaft_top_k: int = Field(20, gt=1)
     eaft_alpha: float = Field(1.0, ge=0)
@@ -147,6 +151,8 @@ class RolloutSpec(_C):
     parser: str = Field("auto", description="tool-call parser; auto: the one matching the render tool format")
     batch_size: int = Field(32, gt=0)
     step_timeout_s: float = Field(30.0, gt=0)
+    reuse_kv_cache: bool = Field(True, description="keep each episode's KV cache across turns (encode only the new "
+                                                   "tokens); false, or a model it cannot serve: generate() per turn")
 
     @field_validator("parser")
     @classmethod

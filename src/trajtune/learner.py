@@ -66,6 +66,7 @@ class LearnerConfig:
     log_every: int = 1
     eval_every: int = 0
     seed: int = 0
+    group_by_length: bool = False  # micro-batches of similar-length units: less padding, same gradient
 
 
 def set_seed(seed: int) -> None:
@@ -252,11 +253,20 @@ class Learner:
 
     # -- the loop ---------------------------------------------------------------------------------
     def _micro_batches(self, tts: list[TokenTrajectory]) -> list[list[TokenTrajectory]]:
+        """Micro-batches of at most ``micro_batch_size`` rows. Each micro-batch's loss sum is divided
+        by the whole update's denominator, so how rows are grouped never changes the gradient (up to
+        float rounding); ``group_by_length`` uses that to cut padding, longest first."""
         size = self.cfg.micro_batch_size
-        if not getattr(self.objective, "coupled_rows", False):
+        coupled = getattr(self.objective, "coupled_rows", False)
+        if not coupled:
+            if self.cfg.group_by_length:
+                tts = sorted(tts, key=len, reverse=True)
             return [tts[i:i + size] for i in range(0, len(tts), size)]
+        units = split_units(tts)
+        if self.cfg.group_by_length:
+            units = sorted(units, key=lambda u: max(len(t) for t in u), reverse=True)
         out: list[list[TokenTrajectory]] = []
-        for unit in split_units(tts):  # whole units only; a unit larger than the micro-batch goes alone
+        for unit in units:  # whole units only; a unit larger than the micro-batch goes alone
             if out and len(out[-1]) + len(unit) <= size:
                 out[-1].extend(unit)
             else:

@@ -28,6 +28,8 @@ from trajtune.chat.render import (
 )
 from trajtune.envs.base import Environment, StepResult, Task
 from trajtune.envs.runner import step_batch
+from trajtune.generation import CachedSampler, RowCache
+from trajtune.generation import supports as supports_cache
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 
 
@@ -41,6 +43,7 @@ class RolloutConfig:
     parser: str = "auto"  # auto: the renderer's (the one matching its tool format)
     batch_size: int = 32
     step_timeout_s: float = 30.0
+    reuse_kv_cache: bool = True  # keep each episode's KV cache across turns (generation.py); else generate()
 
 
 @dataclass
@@ -68,6 +71,7 @@ class _Live:
     termination: str | None = None
     taken_ids: set[str] = field(default_factory=set)
     error: str | None = None
+    cache: RowCache | None = None  # keys/values of ids[:cache.n] (the cached sampler only)
 
     def extend(self, ids: list[int], src: int, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -200,13 +204,25 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
             ep.termination = "context_overflow"
         live.append(ep)
     round_no = 0
+    sampler = CachedSampler(model, cfg.temperature, cfg.top_p, eot_ids) \
+        if cfg.reuse_kv_cache and supports_cache(model) else None
     while True:
+        for e in live:
+            if e.termination is not None:
+                e.cache = None  # a finished episode's keys and values are not needed again
         active = [e for e in live if e.termination is None]
         if not active:
             break
         room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
-        gens = _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids,
-                         _round_seed(seed, batch_index, round_no))
+        round_seed = _round_seed(seed, batch_index, round_no)
+        if sampler is not None:
+            outs = sampler.turn([(e.cache, e.ids[e.cache.n if e.cache else 0:]) for e in active], room, round_seed)
+            gens = []
+            for e, (ids, lps, ended, cache) in zip(active, outs):
+                e.cache = cache
+                gens.append((ids, lps, ended))
+        else:
+            gens = _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids, round_seed)
         round_no += 1
         stepping: list[tuple[_Live, Message]] = []
         for e, (ids, lps, ended) in zip(active, gens):

@@ -181,7 +181,7 @@ def learner_config(cfg: RunBase, recipe: Recipe) -> LearnerConfig:
                          schedule=t.schedule, min_lr_ratio=t.min_lr_ratio, max_grad_norm=t.max_grad_norm,
                          micro_batch_size=recipe.micro_batch_size, epochs=recipe.epochs,
                          mini_batches=recipe.mini_batches, save_every=t.save_every, keep_last=t.keep_last,
-                         eval_every=t.eval_every, seed=cfg.seed)
+                         eval_every=t.eval_every, seed=cfg.seed, group_by_length=t.group_by_length)
 
 
 def _eval_hook(cfg: RunBase, tok: Any, renderer: ChatRenderer, rollout: RolloutConfig):
@@ -242,7 +242,8 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     prepared = algo.prepare(cfg, ctx)
     out = _start_run(cfg, kind, st, diff, overwrite, resume)
     ctx.out = out
-    ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype)
+    ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype,
+                           gradient_checkpointing=cfg.train.gradient_checkpointing)
 
     def reference() -> Any:
         ref = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, trainable=False)

@@ -64,16 +64,47 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
     return Batch(ids, attn, src, w, old, ref, adv, rewards, b)
 
 
+def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
+    """Logits at ``positions`` (hidden-state positions, each predicting the next token), ``[B, K, V]``.
+
+    Asks the model for those positions only (``logits_to_keep``, so the LM head runs on K rows);
+    a model that does not take the argument is sliced after a full forward."""
+    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
+    try:
+        logits = model(**kwargs, logits_to_keep=positions).logits
+    except TypeError:
+        logits = model(**kwargs).logits
+    if logits.shape[1] != positions.numel():  # the argument was ignored
+        logits = logits[:, positions]
+    return logits
+
+
 def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
                    return_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log π(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1]."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1, :].float()
+    """log π(token_t | tokens_<t) for t = 1..T-1, shape [B, T-1], at every position that predicts a
+    policy token in some row; other positions hold 0 (no objective reads them: their mask is 0).
+
+    Why only there: with a real vocabulary the LM head and the log-softmax over all positions
+    dominate the step, and in agent trajectories most positions are prompt and observations.
+    ``return_logits`` asks for the full ``[B, T-1, V]`` logits instead (every position)."""
+    if return_logits:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1, :].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        return logp, logits
+    keep = (batch.source[:, 1:] == SOURCE_POLICY).any(0).nonzero().squeeze(-1)
+    if keep.numel() == 0:
+        keep = torch.zeros(1, dtype=torch.long)
+    logits = selected_logits(model, batch, keep).float()
     if temperature != 1.0:
         logits = logits / temperature
-    targets = batch.input_ids[:, 1:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return logp, (logits if return_logits else None)
+    targets = batch.input_ids[:, 1:][:, keep]
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = picked.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1)
+    logp = logp.index_copy(1, keep, picked)
+    return logp, None
 
 
 Truncation = Literal["drop", "truncate", "error"]

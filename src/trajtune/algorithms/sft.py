@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch
+from trajtune.algorithms.batch import Batch, selected_logits
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.config import DataSpec, RunBase
 from trajtune.errors import DataError, require_input
@@ -63,21 +63,6 @@ class SFTObjective:
             correct = ((logits.argmax(-1) == targets).float() * m).sum()
         n = float(m.sum())
         return loss, {"ce": (float((ce.detach() * m).sum()), n), "token_accuracy": (float(correct), n), "tokens": n}
-
-
-def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
-    """Logits at ``positions`` (hidden-state positions, each predicting the next token), ``[B, K, V]``.
-
-    Asks the model for those positions only (``logits_to_keep``, so the LM head runs on K rows);
-    a model that does not take the argument is sliced after a full forward."""
-    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
-    try:
-        logits = model(**kwargs, logits_to_keep=positions).logits
-    except TypeError:
-        logits = model(**kwargs).logits
-    if logits.shape[1] != positions.numel():  # the argument was ignored
-        logits = logits[:, positions]
-    return logits
 
 
 # -- the `sft` algorithm: config, data preparation, recipe ------------------------------------------

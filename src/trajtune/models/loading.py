@@ -57,8 +57,12 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
 
 
 def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str = "auto",
-               trainable: bool = True) -> Any:
-    """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given."""
+               trainable: bool = True, gradient_checkpointing: bool = False) -> Any:
+    """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given.
+
+    ``gradient_checkpointing`` recomputes each layer's activations in the backward pass instead of
+    keeping them: less memory for about a third more compute. It acts in training mode only, so
+    rollouts (run in eval mode) keep their KV cache."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -90,4 +94,14 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
         model = get_peft_model(model, PeftLoraConfig(
             r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    if gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", True):
+            raise ModelLoadError(f"{name_or_path!r}: this architecture does not support gradient checkpointing "
+                                 "(train.gradient_checkpointing)")
+        enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.x
+        if enable is not None:
+            # non-reentrant: gradients reach LoRA layers even though the frozen embeddings' output needs none
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model

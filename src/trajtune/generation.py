@@ -1,0 +1,196 @@
+"""Batched sampling for multi-turn rollouts that keeps every episode's KV cache between turns.
+
+Why not ``model.generate`` each turn: it re-encodes the whole history (system prompt, tools, every
+earlier turn) before each new turn, keeps ``[batch, new tokens, vocab]`` float logits, and a row
+that has finished keeps being computed until the longest row is done. Here:
+
+- each episode owns its cache (per layer, ``[1, heads, n, dim]``, no padding inside); a turn
+  encodes only the tokens added since (the last sampled token, the observation, the next
+  generation prompt), and identical first prompts (a GRPO group) are encoded once;
+- decoding runs the live rows as one batch, their caches left-aligned with padding that the
+  attention mask hides and explicit position ids, so every row sees exactly its own tokens;
+- a row that ends its turn leaves the batch at once (its cache is cut out), so finished rows cost
+  nothing;
+- per step only the sampled token's log-probability is kept (at the sampling temperature, before
+  top-p, as the objectives recompute it).
+
+Only models whose cache is a plain per-layer key/value store are served (Llama, Qwen2/3, Mistral
+without a sliding window, …); ``supports`` says so, and rollouts fall back to ``generate`` for
+the others (sliding-window, hybrid and recurrent layers).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Layers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class RowCache:
+    """One episode's keys and values for its first ``n`` tokens."""
+
+    layers: Layers
+    n: int
+
+
+def _core(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _cache_kwarg(model: Any) -> str | None:
+    params = inspect.signature(type(_core(model)).forward).parameters
+    for name in ("cache", "past_key_values"):  # transformers renamed it in 5.x
+        if name in params:
+            return name
+    return None
+
+
+def supports(model: Any) -> bool:
+    """Whether the cached sampler can serve ``model``: a cache keyword in its forward and only
+    full-attention layers (no sliding window, no recurrent or convolutional state)."""
+    cfg = getattr(_core(model), "config", None)
+    if cfg is None or _cache_kwarg(model) is None:
+        return False
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return False
+    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
+        return False
+    return getattr(cfg, "model_type", "") in SUPPORTED_TYPES
+
+
+#: Architectures whose attention is plain causal self-attention with rotary or learned positions
+#: taken from ``position_ids``, checked against ``generate`` by the tests (tiny Qwen2 and Llama).
+SUPPORTED_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "phi3", "olmo2", "granite"})
+
+
+class CachedSampler:
+    """Samples one assistant turn for many episodes, each continuing from its own cache."""
+
+    def __init__(self, model: Any, temperature: float, top_p: float, stop_ids: list[int]):
+        self.model = model
+        self.kw = _cache_kwarg(model)
+        self.temperature = temperature
+        self.top_p = top_p
+        self.stops = set(stop_ids)
+        self.device = next(model.parameters()).device
+
+    # -- forward passes -----------------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 layers: Layers | None) -> tuple[torch.Tensor, Layers]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                         logits_to_keep=1, **{self.kw: cache})
+        cache = getattr(out, "cache", None) or out.past_key_values
+        return out.logits[:, -1, :].float(), [(layer.keys, layer.values) for layer in cache.layers]
+
+    def _prefill(self, ids: list[int], row: RowCache | None) -> tuple[torch.Tensor, RowCache]:
+        """Encode ``ids`` after the row's cached tokens; the logits for what comes next."""
+        n0 = row.n if row is not None else 0
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(n0, n0 + len(ids), device=self.device).unsqueeze(0)
+        mask = torch.ones((1, n0 + len(ids)), dtype=torch.long, device=self.device)
+        logits, layers = self._forward(x, pos, mask, row.layers if row is not None else None)
+        return logits[0], RowCache(layers, n0 + len(ids))
+
+    # -- sampling -------------------------------------------------------------------------------
+    def _pick(self, logits: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token per row and its log-prob (at the sampling temperature, before top-p)."""
+        if self.temperature <= 0:
+            tok = logits.argmax(-1)
+            return tok, torch.log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        logp = torch.log_softmax(logits / self.temperature, -1)
+        probs = logp.exp()
+        if self.top_p < 1.0:
+            sp, idx = probs.sort(-1, descending=True)
+            drop = (sp.cumsum(-1) - sp) > self.top_p  # keep the smallest head whose mass reaches top_p
+            sp = sp.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, idx, sp)
+        tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+        return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+    @torch.no_grad()
+    def turn(self, rows: list[tuple[RowCache | None, list[int]]], max_new: list[int],
+             seed: int) -> list[tuple[list[int], list[float], bool, RowCache]]:
+        """One turn per row: ``rows`` are (cache or None, tokens added since it), ``max_new`` the
+        room per row. Returns (new ids, their log-probs, ended with a stop token, the row's cache).
+        The returned cache holds every token but the last sampled one."""
+        gen = torch.Generator().manual_seed(seed % (2**63))
+        n = len(rows)
+        caches: list[RowCache | None] = [None] * n
+        last = []
+        shared: dict[tuple[int, ...], tuple[torch.Tensor, RowCache]] = {}
+        for r, (row, new) in enumerate(rows):
+            if not new:
+                raise ValueError("a row needs at least one new token to continue from")
+            key = tuple(new) if row is None else None
+            if key is not None and key in shared:  # the same first prompt (a group): encoded once
+                lg, caches[r] = shared[key]
+            else:
+                lg, caches[r] = self._prefill(new, row)
+                if key is not None:
+                    shared[key] = (lg, caches[r])  # type: ignore[assignment]
+            last.append(lg)
+        tok, lp = self._pick(torch.stack(last), gen)
+        out_ids: list[list[int]] = [[int(t)] for t in tok]
+        out_lps: list[list[float]] = [[float(x)] for x in lp]
+        ended = [int(t) in self.stops for t in tok]
+        live = [r for r in range(n) if not ended[r] and len(out_ids[r]) < max_new[r]]
+        if not live:
+            return [(out_ids[r], out_lps[r], ended[r], caches[r]) for r in range(n)]  # type: ignore[misc]
+
+        # the live rows as one batch: caches right-aligned in [B, H, L, D], padding masked out
+        lens = [caches[r].n for r in live]  # type: ignore[union-attr]
+        width = max(lens)
+        layers: Layers = []
+        for li in range(len(caches[live[0]].layers)):  # type: ignore[union-attr]
+            k0, v0 = caches[live[0]].layers[li]  # type: ignore[union-attr]
+            k = k0.new_zeros((len(live), k0.shape[1], width, k0.shape[3]))
+            v = v0.new_zeros((len(live), v0.shape[1], width, v0.shape[3]))
+            for b, r in enumerate(live):
+                kr, vr = caches[r].layers[li]  # type: ignore[union-attr]
+                k[b, :, width - kr.shape[2]:] = kr[0]
+                v[b, :, width - vr.shape[2]:] = vr[0]
+            layers.append((k, v))
+        mask = torch.zeros((len(live), width), dtype=torch.long, device=self.device)
+        for b, m in enumerate(lens):
+            mask[b, width - m:] = 1
+        cur = torch.tensor([out_ids[r][-1] for r in live], device=self.device)
+        while live:
+            pos = torch.tensor(lens, device=self.device).unsqueeze(1)
+            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long, device=self.device)], 1)
+            logits, layers = self._forward(cur.unsqueeze(1), pos, mask, layers)
+            lens = [m + 1 for m in lens]
+            tok, lp = self._pick(logits, gen)
+            keep = []
+            for b, r in enumerate(live):
+                t = int(tok[b])
+                out_ids[r].append(t)
+                out_lps[r].append(float(lp[b]))
+                if t in self.stops:
+                    ended[r] = True
+                if ended[r] or len(out_ids[r]) >= max_new[r]:  # leaves the batch: cut its cache out
+                    w = mask.shape[1]
+                    caches[r] = RowCache([(k[b:b + 1, :, w - lens[b]:].clone(), v[b:b + 1, :, w - lens[b]:].clone())
+                                          for k, v in layers], lens[b])
+                else:
+                    keep.append(b)
+            if len(keep) < len(live):
+                if not keep:
+                    break
+                sel = torch.tensor(keep, device=self.device)
+                live, lens = [live[b] for b in keep], [lens[b] for b in keep]
+                trim = mask.shape[1] - max(lens)  # padding every remaining row has
+                layers = [(k.index_select(0, sel)[:, :, trim:], v.index_select(0, sel)[:, :, trim:]) for k, v in layers]
+                mask = mask.index_select(0, sel)[:, trim:]
+                tok = tok.index_select(0, sel)
+            cur = tok
+        return [(out_ids[r], out_lps[r], ended[r], caches[r]) for r in range(n)]  # type: ignore[misc]

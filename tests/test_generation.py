@@ -1,0 +1,110 @@
+"""The cached multi-turn sampler: the same tokens as `generate` re-encoding the whole history,
+log-probs equal to a recompute, rows leaving the batch at their own stop, fallback for models it
+cannot serve."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gguf_fixtures import tiny_llama
+from trajtune.algorithms.batch import collate, token_logprobs
+from trajtune.generation import CachedSampler, supports
+from trajtune.rollout import RolloutConfig, _generate
+from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
+
+
+TOK = SimpleNamespace(pad_token_id=0)  # all `generate` needs of a tokenizer here
+
+
+def _varied(model):
+    """Large random weights: greedy continuations that vary (a fresh tiny model repeats one token)."""
+    import copy
+
+    model = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    return model.eval()
+
+
+def _models(tiny_model):
+    llama, _ = tiny_llama(seed=1)
+    return {"qwen2": _varied(tiny_model), "llama": _varied(llama)}
+
+
+def _prompts(vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_turns_from_the_cache_equal_generate_on_the_whole_history(tiny_model, arch):
+    model = _models(tiny_model)[arch]
+    assert supports(model)
+    vocab = model.config.vocab_size
+    seqs = _prompts(vocab, [7, 12, 3, 12])  # two rows share nothing, two have equal lengths
+    seqs[3] = list(seqs[1])  # an identical first prompt (a group): encoded once, must still match
+    cfg = RolloutConfig(temperature=0.0, max_new_tokens=6)
+    # a stop token that row 0 emits early, so rows leave the batch at different steps
+    probe = _generate(model, TOK, seqs, [6] * 4, cfg, [vocab - 1], seed=0)
+    first = probe[0][0]
+    j = next(j for j in range(1, len(first)) if first[j] not in first[:j])
+    stop = first[j]
+    sampler = CachedSampler(model, 0.0, 1.0, [stop])
+    caches = [None] * 4
+    history = [list(s) for s in seqs]
+    new = [list(s) for s in seqs]
+    for turn in range(3):  # turns separated by "observations" of different lengths
+        room = [6, 4, 6, 5]
+        want = _generate(model, TOK, history, room, cfg, [stop], seed=0)
+        got = sampler.turn(list(zip(caches, new)), room, seed=turn)
+        if turn == 0:  # row 0 stops after j + 1 tokens while the others go on
+            assert got[0][2] and len(got[0][0]) == j + 1 and not all(ended for _, _, ended, _ in got)
+        for r, ((ids, lps, ended, cache), (w_ids, w_lps, w_ended)) in enumerate(zip(got, want)):
+            assert ids == w_ids and ended == w_ended, (turn, r)
+            assert lps == pytest.approx(w_lps, abs=1e-4)
+            assert cache.n == len(history[r]) + len(ids) - 1  # every token but the last sampled one
+            caches[r] = cache
+        obs = _prompts(vocab, [2 + turn, 5, 1, 3], seed=10 + turn)
+        for r, (ids, _, _, _) in enumerate(got):
+            history[r] += ids + obs[r]
+            new[r] = [ids[-1]] + obs[r]
+
+
+def test_sampled_log_probs_equal_a_recompute_and_top_p_keeps_the_nucleus(tiny_model):
+    model = _varied(tiny_model)
+    vocab = model.config.vocab_size
+    seqs = _prompts(vocab, [9, 4, 15])
+    sampler = CachedSampler(model, 0.8, 0.9, [])
+    out = sampler.turn([(None, s) for s in seqs], [12, 12, 12], seed=7)
+    again = sampler.turn([(None, s) for s in seqs], [12, 12, 12], seed=7)
+    assert [o[0] for o in out] == [a[0] for a in again]  # seeded: the same draw
+    rows = [TokenTrajectory(ids=s + ids, source=[SOURCE_PROMPT] * len(s) + [SOURCE_POLICY] * len(ids),
+                            turn=[0] * (len(s) + len(ids)), weight=[0.0] * len(s) + [1.0] * len(ids),
+                            logprobs=[0.0] * len(s) + lps) for s, (ids, lps, _, _) in zip(seqs, out)]
+    b = collate(rows, 0)
+    lp, _ = token_logprobs(model, b, temperature=0.8)
+    m = b.source[:, 1:] == SOURCE_POLICY
+    assert float(((lp.detach() - b.old_logprobs[:, 1:]).abs() * m).max()) < 1e-3
+    # every sampled token lies in the top-p nucleus of its distribution
+    with torch.no_grad():
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1].float()
+    probs = torch.softmax(logits / 0.8, -1)
+    for r in range(len(rows)):
+        for t in m[r].nonzero().squeeze(-1).tolist():
+            p = probs[r, t]
+            tok = int(b.input_ids[r, t + 1])
+            assert float(p[p > p[tok]].sum()) <= 0.9 + 1e-4
+
+
+def test_models_with_sliding_or_hybrid_layers_fall_back_to_generate():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=8, sliding_window=4,
+                           layer_types=["sliding_attention", "full_attention"])
+    assert not supports(Gemma3ForCausalLM(cfg))
