@@ -108,3 +108,22 @@ def test_models_with_sliding_or_hybrid_layers_fall_back_to_generate():
                            num_attention_heads=2, num_key_value_heads=1, head_dim=8, sliding_window=4,
                            layer_types=["sliding_attention", "full_attention"])
     assert not supports(Gemma3ForCausalLM(cfg))
+
+
+def test_rollouts_refill_free_places_and_keep_task_order(tiny_model, tiny_tok):
+    from trajtune.chat.render import ChatRenderer
+    from trajtune.envs import make_env
+    from trajtune.rollout import run_rollouts
+
+    tasks = make_env("home").tasks("test", 5, seed=0)
+    r = ChatRenderer(tiny_tok)
+    out = {}
+    for bs in (2, 5):
+        calls = []
+        ro = RolloutConfig(max_turns=2, max_new_tokens=8, max_length=1024, temperature=0.0, batch_size=bs)
+        eps = run_rollouts(tiny_model, tiny_tok, lambda: make_env("home"), tasks, ro, renderer=r,
+                           progress=calls.append)
+        assert [e.task.id for e in eps] == [t.id for t in tasks] and calls == [1] * 5
+        out[bs] = eps
+    # greedy: an episode does not depend on which others share its batch
+    assert [e.tokens.ids for e in out[2]] == [e.tokens.ids for e in out[5]]

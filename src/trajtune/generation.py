@@ -70,6 +70,47 @@ def supports(model: Any) -> bool:
 SUPPORTED_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "phi3", "olmo2", "granite"})
 
 
+def _buffer_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferLayer(DynamicLayer):
+        """A cache layer that writes new keys/values into preallocated room instead of concatenating
+        (which copies the whole cache at every decoding step)."""
+
+        def __init__(self, k: torch.Tensor, v: torch.Tensor, n: int):
+            super().__init__()
+            self._k, self._v, self.n = k, v, n
+            self.device, self.is_initialized = k.device, True
+            self._views()
+
+        def _views(self) -> None:
+            self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            m = key_states.shape[-2]
+            if self.n + m > self._k.shape[-2]:  # out of room: grow (doubling)
+                cap = max(2 * self._k.shape[-2], self.n + m)
+                k = self._k.new_zeros((*self._k.shape[:2], cap, self._k.shape[-1]))
+                v = self._v.new_zeros((*self._v.shape[:2], cap, self._v.shape[-1]))
+                k[:, :, :self.n], v[:, :, :self.n] = self.keys, self.values
+                self._k, self._v = k, v
+            self._k[:, :, self.n:self.n + m] = key_states
+            self._v[:, :, self.n:self.n + m] = value_states
+            self.n += m
+            self._views()
+            return self.keys, self.values
+
+        def select(self, rows: torch.Tensor, trim: int) -> None:
+            """Keep ``rows`` and drop ``trim`` leading positions (padding all of them have)."""
+            self._k = self._k.index_select(0, rows)[:, :, trim:]
+            self._v = self._v.index_select(0, rows)[:, :, trim:]
+            self.n -= trim
+            self._views()
+
+    return BufferLayer
+
+
 class CachedSampler:
     """Samples one assistant turn for many episodes, each continuing from its own cache."""
 
@@ -82,15 +123,11 @@ class CachedSampler:
         self.device = next(model.parameters()).device
 
     # -- forward passes -----------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                 layers: Layers | None) -> tuple[torch.Tensor, Layers]:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Logits for the next token per row; ``cache`` is extended in place."""
         out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                          logits_to_keep=1, **{self.kw: cache})
-        cache = getattr(out, "cache", None) or out.past_key_values
-        return out.logits[:, -1, :].float(), [(layer.keys, layer.values) for layer in cache.layers]
+        return out.logits[:, -1, :].float()
 
     def _prefill(self, ids: list[int], row: RowCache | None) -> tuple[torch.Tensor, RowCache]:
         """Encode ``ids`` after the row's cached tokens; the logits for what comes next."""
@@ -98,8 +135,11 @@ class CachedSampler:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos = torch.arange(n0, n0 + len(ids), device=self.device).unsqueeze(0)
         mask = torch.ones((1, n0 + len(ids)), dtype=torch.long, device=self.device)
-        logits, layers = self._forward(x, pos, mask, row.layers if row is not None else None)
-        return logits[0], RowCache(layers, n0 + len(ids))
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=row.layers) if row is not None else DynamicCache()
+        logits = self._forward(x, pos, mask, cache)
+        return logits[0], RowCache([(layer.keys, layer.values) for layer in cache.layers], n0 + len(ids))
 
     # -- sampling -------------------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,19 +187,24 @@ class CachedSampler:
         if not live:
             return [(out_ids[r], out_lps[r], ended[r], caches[r]) for r in range(n)]  # type: ignore[misc]
 
-        # the live rows as one batch: caches right-aligned in [B, H, L, D], padding masked out
+        # the live rows as one batch: caches right-aligned in [B, H, L + room, D], padding masked out
+        from transformers.cache_utils import Cache
+
         lens = [caches[r].n for r in live]  # type: ignore[union-attr]
         width = max(lens)
-        layers: Layers = []
+        room = max(max_new[r] for r in live)
+        buffer_layer = _buffer_layer_class()
+        layers = []
         for li in range(len(caches[live[0]].layers)):  # type: ignore[union-attr]
             k0, v0 = caches[live[0]].layers[li]  # type: ignore[union-attr]
-            k = k0.new_zeros((len(live), k0.shape[1], width, k0.shape[3]))
-            v = v0.new_zeros((len(live), v0.shape[1], width, v0.shape[3]))
+            k = k0.new_zeros((len(live), k0.shape[1], width + room, k0.shape[3]))
+            v = v0.new_zeros((len(live), v0.shape[1], width + room, v0.shape[3]))
             for b, r in enumerate(live):
                 kr, vr = caches[r].layers[li]  # type: ignore[union-attr]
-                k[b, :, width - kr.shape[2]:] = kr[0]
-                v[b, :, width - vr.shape[2]:] = vr[0]
-            layers.append((k, v))
+                k[b, :, width - kr.shape[2]:width] = kr[0]
+                v[b, :, width - vr.shape[2]:width] = vr[0]
+            layers.append(buffer_layer(k, v, width))
+        cache = Cache(layers=layers)
         mask = torch.zeros((len(live), width), dtype=torch.long, device=self.device)
         for b, m in enumerate(lens):
             mask[b, width - m:] = 1
@@ -167,7 +212,7 @@ class CachedSampler:
         while live:
             pos = torch.tensor(lens, device=self.device).unsqueeze(1)
             mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long, device=self.device)], 1)
-            logits, layers = self._forward(cur.unsqueeze(1), pos, mask, layers)
+            logits = self._forward(cur.unsqueeze(1), pos, mask, cache)
             lens = [m + 1 for m in lens]
             tok, lp = self._pick(logits, gen)
             keep = []
@@ -179,8 +224,8 @@ class CachedSampler:
                     ended[r] = True
                 if ended[r] or len(out_ids[r]) >= max_new[r]:  # leaves the batch: cut its cache out
                     w = mask.shape[1]
-                    caches[r] = RowCache([(k[b:b + 1, :, w - lens[b]:].clone(), v[b:b + 1, :, w - lens[b]:].clone())
-                                          for k, v in layers], lens[b])
+                    caches[r] = RowCache([(lay.keys[b:b + 1, :, w - lens[b]:].clone(),
+                                           lay.values[b:b + 1, :, w - lens[b]:].clone()) for lay in layers], lens[b])
                 else:
                     keep.append(b)
             if len(keep) < len(live):
@@ -189,7 +234,8 @@ class CachedSampler:
                 sel = torch.tensor(keep, device=self.device)
                 live, lens = [live[b] for b in keep], [lens[b] for b in keep]
                 trim = mask.shape[1] - max(lens)  # padding every remaining row has
-                layers = [(k.index_select(0, sel)[:, :, trim:], v.index_select(0, sel)[:, :, trim:]) for k, v in layers]
+                for lay in layers:
+                    lay.select(sel, trim)
                 mask = mask.index_select(0, sel)[:, trim:]
                 tok = tok.index_select(0, sel)
             cur = tok

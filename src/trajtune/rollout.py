@@ -150,7 +150,8 @@ def run_rollouts(
     progress: Callable[[int], None] | None = None,
     prefixes: Sequence[list[Message]] | None = None,
 ) -> list[Episode]:
-    """Roll out ``model`` on every task (in batches of ``config.batch_size``).
+    """Roll out ``model`` on every task, at most ``config.batch_size`` episodes at a time: when one
+    ends, the next task takes its place (so one long episode does not hold up a whole batch).
 
     ``prefixes`` (one list per task) start each episode from a state: the prefix's assistant actions
     are replayed through the environment after reset (``replay_prefix``), the resulting history is
@@ -165,18 +166,11 @@ def run_rollouts(
         config = RolloutConfig(**{**config.__dict__, "parser": renderer.parser or "hermes"})
     was_training = model.training
     model.eval()
-    episodes: list[Episode] = []
     try:
-        for b0 in range(0, len(tasks), config.batch_size):
-            batch = list(tasks[b0:b0 + config.batch_size])
-            pre = list(prefixes[b0:b0 + config.batch_size]) if prefixes is not None else None
-            episodes += _run_batch(model, tokenizer, renderer, env_factory, batch, config, seed, b0, eot_ids, step_fn,
-                                   pre)
-            if progress:
-                progress(len(batch))
+        return _run_all(model, tokenizer, renderer, env_factory, list(tasks), config, seed, eot_ids, step_fn,
+                        list(prefixes) if prefixes is not None else None, progress)
     finally:
         model.train(was_training)
-    return episodes
 
 
 def replay_prefix(env: Environment, task: Task, prefix: list[Message]) -> tuple[list[Message], list[ToolSpec], bool]:
@@ -184,25 +178,32 @@ def replay_prefix(env: Environment, task: Task, prefix: list[Message]) -> tuple[
     return env.reach(task, prefix)
 
 
-def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
-               tasks: list[Task], cfg: RolloutConfig, seed: int, batch_index: int, eot_ids: list[int],
-               step_fn: Callable[..., list[StepResult]], prefixes: list[list[Message]] | None = None) -> list[Episode]:
+def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task: Task, cfg: RolloutConfig,
+           prefix: list[Message] | None) -> _Live:
+    env = env_factory()
+    ended = False
+    if prefix:
+        messages, tools, ended = replay_prefix(env, task, prefix)
+    else:
+        res = env.reset(task)
+        messages, tools = list(res.messages), list(res.tools)
+    ep = _Live(env=env, task=task, messages=messages, tools=tools)
+    ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
+    if ended:
+        ep.termination = "done"
+    elif len(ep.ids) >= cfg.max_length:
+        ep.termination = "context_overflow"
+    return ep
+
+
+def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
+             tasks: list[Task], cfg: RolloutConfig, seed: int, eot_ids: list[int],
+             step_fn: Callable[..., list[StepResult]], prefixes: list[list[Message]] | None,
+             progress: Callable[[int], None] | None) -> list[Episode]:
+    results: list[Episode | None] = [None] * len(tasks)
+    slot: dict[int, int] = {}  # id(live episode) -> its task index
     live: list[_Live] = []
-    for i, task in enumerate(tasks):
-        env = env_factory()
-        ended = False
-        if prefixes is not None and prefixes[i]:
-            messages, tools, ended = replay_prefix(env, task, prefixes[i])
-        else:
-            res = env.reset(task)
-            messages, tools = list(res.messages), list(res.tools)
-        ep = _Live(env=env, task=task, messages=messages, tools=tools)
-        ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
-        if ended:
-            ep.termination = "done"
-        elif len(ep.ids) >= cfg.max_length:
-            ep.termination = "context_overflow"
-        live.append(ep)
+    next_i = 0
     round_no = 0
     sampler = CachedSampler(model, cfg.temperature, cfg.top_p, eot_ids) \
         if cfg.reuse_kv_cache and supports_cache(model) else None
@@ -210,11 +211,22 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
         for e in live:
             if e.termination is not None:
                 e.cache = None  # a finished episode's keys and values are not needed again
-        active = [e for e in live if e.termination is None]
-        if not active:
+                results[slot.pop(id(e))] = _finish(e)
+                if progress:
+                    progress(1)
+        live = [e for e in live if e.termination is None]
+        while len(live) < cfg.batch_size and next_i < len(tasks):  # refill the free places
+            e = _start(renderer, env_factory, tasks[next_i], cfg, prefixes[next_i] if prefixes is not None else None)
+            slot[id(e)] = next_i
+            next_i += 1
+            live.append(e)
+        if not live:
             break
+        if any(e.termination is not None for e in live):  # ended before acting (a replayed prefix, too long)
+            continue
+        active = live
         room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
-        round_seed = _round_seed(seed, batch_index, round_no)
+        round_seed = _round_seed(seed, 0, round_no)
         if sampler is not None:
             outs = sampler.turn([(e.cache, e.ids[e.cache.n if e.cache else 0:]) for e in active], room, round_seed)
             gens = []
@@ -239,8 +251,8 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
             stepping.append((e, msg))
         if not stepping:
             continue
-        results = step_fn([e.env for e, _ in stepping], [m for _, m in stepping], cfg.step_timeout_s)
-        for (e, msg), res in zip(stepping, results):
+        stepped = step_fn([e.env for e, _ in stepping], [m for _, m in stepping], cfg.step_timeout_s)
+        for (e, msg), res in zip(stepping, stepped):
             e.reward += float(res.reward)
             msg.reward = float(res.reward)  # a turn's reward sits on the assistant message that earned it
             if isinstance(res.info.get("tools"), list) and res.info["tools"]:
@@ -266,7 +278,8 @@ def _run_batch(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callab
             e.extend(obs_ids, SOURCE_ENV)
             if len(e.ids) >= cfg.max_length:
                 e.termination = "context_overflow"
-    return [_finish(e) for e in live]
+    assert all(r is not None for r in results)
+    return results  # type: ignore[return-value]
 
 
 def _finish(e: _Live) -> Episode:
