@@ -46,7 +46,8 @@ def test_greedy_turns_from_the_cache_equal_generate_on_the_whole_history(tiny_mo
     model = _models(tiny_model)[arch]
     assert supports(model)
     vocab = model.config.vocab_size
-    seqs = _prompts(vocab, [7, 12, 3, 12])  # two rows share nothing, two have equal lengths
+    shared = _prompts(vocab, [10], seed=5)[0]  # a common start (system prompt, tools): encoded once
+    seqs = [shared + tail for tail in _prompts(vocab, [7, 12, 3, 12])]
     seqs[3] = list(seqs[1])  # an identical first prompt (a group): encoded once, must still match
     cfg = RolloutConfig(temperature=0.0, max_new_tokens=6)
     # a stop token that row 0 emits early, so rows leave the batch at different steps
@@ -127,3 +128,16 @@ def test_rollouts_refill_free_places_and_keep_task_order(tiny_model, tiny_tok):
         out[bs] = eps
     # greedy: an episode does not depend on which others share its batch
     assert [e.tokens.ids for e in out[2]] == [e.tokens.ids for e in out[5]]
+
+
+def test_a_shared_prompt_start_and_identical_prompts_are_encoded_once(tiny_model):
+    model = _varied(tiny_model)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda m, args, kw: calls.append(tuple(kw["input_ids"].shape)),
+                                           with_kwargs=True)
+    shared = list(range(3, 23))
+    rows = [(None, shared + [30 + i] * (i + 1)) for i in range(4)] + [(None, shared + [30])]  # the last repeats row 0
+    out = CachedSampler(model, 0.0, 1.0, []).turn(rows, [1] * 5, seed=0)
+    hook.remove()
+    assert calls == [(1, 20), (4, 4)]  # the 20 shared tokens once, then the 4 distinct tails (1-4 tokens)
+    assert out[4][0] == out[0][0] and [o[3].n for o in out] == [21, 22, 23, 24, 21]

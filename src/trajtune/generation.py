@@ -6,7 +6,8 @@ that has finished keeps being computed until the longest row is done. Here:
 
 - each episode owns its cache (per layer, ``[1, heads, n, dim]``, no padding inside); a turn
   encodes only the tokens added since (the last sampled token, the observation, the next
-  generation prompt), and identical first prompts (a GRPO group) are encoded once;
+  generation prompt), all rows in one forward pass; identical first prompts (a GRPO group) are
+  encoded once, and the prefix that first prompts share (system prompt, tools) once for all;
 - decoding runs the live rows as one batch, their caches left-aligned with padding that the
   attention mask hides and explicit position ids, so every row sees exactly its own tokens;
 - a row that ends its turn leaves the batch at once (its cache is cut out), so finished rows cost
@@ -111,6 +112,16 @@ def _buffer_layer_class() -> type:
     return BufferLayer
 
 
+def _common_prefix(seqs: list[list[int]]) -> int:
+    n = min(len(x) for x in seqs)
+    first = seqs[0]
+    for i in range(n):
+        t = first[i]
+        if any(x[i] != t for x in seqs):
+            return i
+    return n
+
+
 class CachedSampler:
     """Samples one assistant turn for many episodes, each continuing from its own cache."""
 
@@ -129,17 +140,50 @@ class CachedSampler:
                          logits_to_keep=1, **{self.kw: cache})
         return out.logits[:, -1, :].float()
 
-    def _prefill(self, ids: list[int], row: RowCache | None) -> tuple[torch.Tensor, RowCache]:
-        """Encode ``ids`` after the row's cached tokens; the logits for what comes next."""
-        n0 = row.n if row is not None else 0
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        pos = torch.arange(n0, n0 + len(ids), device=self.device).unsqueeze(0)
-        mask = torch.ones((1, n0 + len(ids)), dtype=torch.long, device=self.device)
+    def _prefill(self, items: list[tuple[RowCache | None, list[int]]]) -> list[tuple[torch.Tensor, RowCache]]:
+        """Encode each row's new tokens after its cached ones, all rows in one forward pass; per row
+        the logits for what comes next and its extended cache.
+
+        Layout: the caches right-aligned in the first W positions (holes on the left), then the new
+        tokens left-aligned in the next M (padding on the right). Real tokens never see a hole
+        (masked) or a pad (it comes after them), and every pad sees its row's real tokens, so no
+        attention row is empty."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(ddp_cache_data=row.layers) if row is not None else DynamicCache()
-        logits = self._forward(x, pos, mask, cache)
-        return logits[0], RowCache([(layer.keys, layer.values) for layer in cache.layers], n0 + len(ids))
+        b = len(items)
+        have = [row.n if row is not None else 0 for row, _ in items]
+        news = [len(ids) for _, ids in items]
+        width, m = max(have), max(news)
+        layers: Layers = []
+        if width:
+            ref = next(row for row, _ in items if row is not None).layers
+            for li, (k0, v0) in enumerate(ref):
+                k = k0.new_zeros((b, k0.shape[1], width, k0.shape[3]))
+                v = v0.new_zeros((b, v0.shape[1], width, v0.shape[3]))
+                for r, (row, _) in enumerate(items):
+                    if row is not None:
+                        k[r, :, width - row.n:] = row.layers[li][0][0]
+                        v[r, :, width - row.n:] = row.layers[li][1][0]
+                layers.append((k, v))
+        x = torch.zeros((b, m), dtype=torch.long, device=self.device)
+        mask = torch.zeros((b, width + m), dtype=torch.long, device=self.device)
+        for r, (_, ids) in enumerate(items):
+            x[r, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[r, width - have[r]:width + len(ids)] = 1
+        pos = torch.tensor(have, device=self.device).unsqueeze(1) + torch.arange(m, device=self.device)
+        keep = sorted({n - 1 for n in news})  # the LM head only where some row's next token is predicted
+        cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+        out = self.model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=True,
+                         logits_to_keep=torch.tensor(keep, device=self.device), **{self.kw: cache})
+        logits = out.logits.float()
+        results = []
+        for r in range(b):
+            lo, hi = width - have[r], width + news[r]
+            row_layers = [(torch.cat([lay.keys[r:r + 1, :, lo:width], lay.keys[r:r + 1, :, width:hi]], 2),
+                           torch.cat([lay.values[r:r + 1, :, lo:width], lay.values[r:r + 1, :, width:hi]], 2))
+                          for lay in cache.layers]
+            results.append((logits[r, keep.index(news[r] - 1)], RowCache(row_layers, have[r] + news[r])))
+        return results
 
     # -- sampling -------------------------------------------------------------------------------
     def _pick(self, logits: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,21 +209,33 @@ class CachedSampler:
         The returned cache holds every token but the last sampled one."""
         gen = torch.Generator().manual_seed(seed % (2**63))
         n = len(rows)
-        caches: list[RowCache | None] = [None] * n
-        last = []
-        shared: dict[tuple[int, ...], tuple[torch.Tensor, RowCache]] = {}
-        for r, (row, new) in enumerate(rows):
-            if not new:
-                raise ValueError("a row needs at least one new token to continue from")
+        if any(not new for _, new in rows):
+            raise ValueError("a row needs at least one new token to continue from")
+        # the same first prompt (a group's) is encoded once
+        first: dict[tuple[int, ...], int] = {}
+        which: list[int] = []
+        unique: list[tuple[RowCache | None, list[int]]] = []
+        for row, new in rows:
             key = tuple(new) if row is None else None
-            if key is not None and key in shared:  # the same first prompt (a group): encoded once
-                lg, caches[r] = shared[key]
-            else:
-                lg, caches[r] = self._prefill(new, row)
+            if key is None or key not in first:
                 if key is not None:
-                    shared[key] = (lg, caches[r])  # type: ignore[assignment]
-            last.append(lg)
-        tok, lp = self._pick(torch.stack(last), gen)
+                    first[key] = len(unique)
+                which.append(len(unique))
+                unique.append((row, new))
+            else:
+                which.append(first[key])
+        fresh = [u for u, (row, _) in enumerate(unique) if row is None]
+        if len(fresh) > 1:  # first prompts share the system prompt and tools: encode that prefix once
+            seqs = [unique[u][1] for u in fresh]
+            p = _common_prefix(seqs)
+            p = min(p, min(len(x) for x in seqs) - 1)  # every row keeps a token to predict from
+            if p >= 8:
+                ((_, shared),) = self._prefill([(None, seqs[0][:p])])
+                for u in fresh:
+                    unique[u] = (shared, unique[u][1][p:])
+        done = self._prefill(unique)
+        caches: list[RowCache | None] = [done[u][1] for u in which]
+        tok, lp = self._pick(torch.stack([done[u][0] for u in which]), gen)
         out_ids: list[list[int]] = [[int(t)] for t in tok]
         out_lps: list[list[float]] = [[float(x)] for x in lp]
         ended = [int(t) in self.stops for t in tok]

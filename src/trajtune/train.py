@@ -1,7 +1,9 @@
-"""Training runs: assemble source + transforms + objective + learner from a validated config.
+"""Training runs: one ``run(cfg)`` for every algorithm.
 
-SFT and RL are the same loop with different experience sources and objectives; this module only
-wires them together, manages the run directory and writes the artifacts.
+The config's ``algorithm:`` picks a registered algorithm (``trajtune.algorithms.registry``), whose
+recipe supplies the experience source (with its transforms) and the objective; this module only
+wires them to the one learner, manages the run directory (refuse, resume, compare configs) and
+writes the artifacts.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class RunState:
     path: Path
     status: Literal["new", "foreign", "started", "checkpointed", "finished"]
     step: int = 0  # the latest checkpoint's step, or the finished run's step
-    kind: str | None = None  # "sft" / "rl" from run.json
+    kind: str | None = None  # the algorithm ("sft", "rl", "rft", "dpo") from run.json
 
 
 def inspect_run_dir(path: str | Path) -> RunState:
