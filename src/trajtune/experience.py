@@ -240,7 +240,11 @@ class IterativeSource:
 
         from trajtune.schema import atomic_write_text
 
+        from trajtune import distributed as dist
+
         path = self._path(it)
+        if not path.exists() and not dist.is_main():  # rank 0 mines and writes; the others read its file
+            dist.barrier()
         if path.exists():
             records = [self.load(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
             meta = Path(str(path) + ".json")
@@ -257,6 +261,7 @@ class IterativeSource:
             self._mined_metrics[it] = metrics
             if self.on_mined:
                 self.on_mined(it, metrics)
+            dist.barrier()
         self._units[it] = self.render(records)
         return self._units[it]
 

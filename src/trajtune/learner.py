@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from trajtune.algorithms.base import Objective
+from trajtune import distributed as dist
 from trajtune.algorithms.batch import collate
 from trajtune.tokens import TokenTrajectory
 from trajtune.errors import RunDirError
@@ -151,11 +152,17 @@ class Learner:
         self.on_step = on_step
         self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        self.world, self.rank = dist.world_size(), dist.rank()
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
+        self.params = params
         optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        if self.world > 1:  # no DDP wrapper: ranks may run different numbers of micro-batches; gradients
+            # are summed once per update (distributed.sum_gradients)
+            self.model, self.optimizer = model.to(self.accelerator.device), optimizer
+        else:
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.step = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -166,9 +173,16 @@ class Learner:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step-N`` atomically: a temp dir, fsync'd files, then one rename."""
-        self.ckpt_root.mkdir(parents=True, exist_ok=True)
+        """Write ``checkpoints/step-N`` atomically: a temp dir, fsync'd files, then one rename.
+        Rank 0 writes (every rank holds the same weights and optimizer state); the others wait."""
         final = self.ckpt_root / f"step-{self.step:06d}"
+        if dist.is_main():
+            self._write_checkpoint(final)
+        dist.barrier()
+        return final
+
+    def _write_checkpoint(self, final: Path) -> None:
+        self.ckpt_root.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt_root / f".tmp-step-{self.step:06d}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -187,7 +201,6 @@ class Learner:
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._prune()
-        return final
 
     def _prune(self) -> None:
         ckpts = sorted(self.ckpt_root.glob("step-*"))
@@ -200,8 +213,10 @@ class Learner:
     def restart(self) -> None:
         """Start a run directory again from step 0 (it died before its first checkpoint): drop its step logs."""
         self.step = 0
-        for path in self.step_logs:
-            truncate_step_log(path, 0)
+        if dist.is_main():
+            for path in self.step_logs:
+                truncate_step_log(path, 0)
+        dist.barrier()
 
     def apply_hyperparameters(self) -> None:
         """Make the optimizer and schedule follow ``self.cfg`` from the current step on.
@@ -242,11 +257,15 @@ class Learner:
         _set_rng_state(st["rng"])
         self.step = checkpoint_step(ckpt)
         self.apply_hyperparameters()
-        for path in self.step_logs:
-            truncate_step_log(path, self.step)
+        if dist.is_main():
+            for path in self.step_logs:
+                truncate_step_log(path, self.step)
+        dist.barrier()
         return self.step
 
     def log(self, record: dict[str, Any]) -> None:
+        if not dist.is_main():
+            return
         self.out.mkdir(parents=True, exist_ok=True)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -286,8 +305,11 @@ class Learner:
 
     def _update(self, tts: list[TokenTrajectory], sums: dict[str, list[float]]) -> tuple[float, float] | None:
         """One optimizer update on ``tts`` (accumulated over micro-batches); None when nothing is trained."""
-        batches = [collate(mb, self.pad_id).to(self.accelerator.device) for mb in self._micro_batches(tts)]
-        denom = sum(self.objective.denominator(b) for b in batches)
+        if self.world > 1:  # this rank's share: units r, r + W, ... (whole units, like micro-batches)
+            tts = [t for u in split_units(tts)[self.rank::self.world] for t in u]
+        batches = [collate(mb, self.pad_id).to(self.accelerator.device) for mb in self._micro_batches(tts)] \
+            if tts else []
+        denom = dist.all_sum([sum(self.objective.denominator(b) for b in batches)])[0]
         if denom <= 0:
             return None
         total = 0.0
@@ -302,7 +324,12 @@ class Learner:
                 acc[0] += float(num)
                 if den is not None:
                     acc[1] += float(den)
-        grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        if self.world > 1:
+            dist.sum_gradients(self.params)
+            total = dist.all_sum([total])[0]
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        else:
+            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total, float(grad_norm)
@@ -318,6 +345,15 @@ class Learner:
                 r = self._update(mb, sums)
                 if r is not None:
                     results.append(r)
+        if self.world > 1:  # metrics of every rank's share
+            merged: dict[str, list[float]] = {}
+            for part in dist.all_gather(sums):
+                for k, (num, den) in part.items():
+                    acc = merged.setdefault(k, [0.0, den if den < 0 else 0.0])
+                    acc[0] += num
+                    if den >= 0:
+                        acc[1] += den
+            sums = merged
         if not results:
             self.optimizer.zero_grad(set_to_none=True)
             return {"loss": 0.0, "skipped": 1.0}
@@ -362,8 +398,12 @@ class Learner:
         return last
 
     def save_final(self, path: str | Path) -> Path:
-        """Save the trained model (or adapter) and tokenizer as a loadable HF directory, atomically."""
+        """Save the trained model (or adapter) and tokenizer as a loadable HF directory, atomically
+        (rank 0; the others wait)."""
         path = Path(path)
+        if not dist.is_main():
+            dist.barrier()
+            return path
         tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -374,4 +414,5 @@ class Learner:
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
+        dist.barrier()
         return path

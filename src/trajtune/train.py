@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from trajtune import distributed as dist
 from trajtune.algorithms.registry import Recipe, RunContext, get_algorithm
 from trajtune.algorithms.sft import iter_data  # noqa: F401  (re-exported: trajtune.train.iter_data)
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
@@ -232,7 +233,10 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     (run directory, resume, the learner, final model, result.json) is the same for all of them."""
     algo = get_algorithm(cfg.algorithm)
     kind = algo.name
+    dist.init()
+    quiet = quiet or not dist.is_main()
     st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
+    dist.barrier()  # every rank has checked the directory before rank 0 changes it
     if st.status == "finished":
         return _already_finished(st, quiet)
     set_seed(cfg.seed)
@@ -242,7 +246,11 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     ctx = RunContext(tokenizer=tok, renderer=renderer, quiet=quiet)
     prepared = algo.prepare(cfg, ctx)
-    out = _start_run(cfg, kind, st, diff, overwrite, resume)
+    if dist.is_main():
+        out = _start_run(cfg, kind, st, diff, overwrite, resume)
+    else:
+        out = Path(cfg.output_dir)
+    dist.barrier()
     ctx.out = out
     ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype,
                            gradient_checkpointing=cfg.train.gradient_checkpointing)
@@ -327,10 +335,12 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
         learner.save_checkpoint()
         return {"step": learner.step, "stopped": True}
     final = learner.save_final(out / "final")
+    result: dict[str, Any] = {"step": learner.step, "final": str(final), **recipe.result, "last": last}
+    if not dist.is_main():  # rank 0 evaluates and writes the artifacts
+        return result
     if recipe.plot is not None:
         name, keys, title = recipe.plot
         plot_metrics(out / "metrics.jsonl", out / name, list(keys), title)
-    result: dict[str, Any] = {"step": learner.step, "final": str(final), **recipe.result, "last": last}
     if hook is not None:
         result["eval"] = hook(learner.step, learner.model)
     atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))

@@ -115,6 +115,10 @@ def episode_writer(path: Path) -> Any:
     step it feeds (step + 1, the number metrics.jsonl uses)."""
 
     def keep(step: int, episodes: list[Any]) -> None:
+        from trajtune import distributed as dist
+
+        if not dist.is_main():  # every rank samples the same episodes; one copy is kept
+            return
         with path.open("a") as f:
             for e in episodes:
                 f.write(json.dumps({"step": step + 1, **e.trajectory.model_dump(mode="json", exclude_none=True)}) + "\n")

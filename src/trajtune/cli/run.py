@@ -38,9 +38,12 @@ def _train(config: Path, set_: list[str] | None, algorithm: str | None, overwrit
     from trajtune.config import load_run_config
     from trajtune.train import run
 
+    from trajtune import distributed
+
     cfg = load_run_config(config, set_ or [], algorithm)
     result = run(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
-    print_result({k: v for k, v in result.items() if k != "last"})
+    if distributed.is_main():  # under `accelerate launch`, one result
+        print_result({k: v for k, v in result.items() if k != "last"})
 
 
 def train(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
