@@ -7,7 +7,7 @@ A plain function so the ``data`` command group can attach it with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -22,16 +22,26 @@ def generate(
     only_success: Annotated[bool, typer.Option(help="Keep only trajectories whose outcome is a success.")] = False,
     env_arg: Annotated[Optional[list[str]], typer.Option(
         "--env-arg", help="Environment argument key=value (repeatable), e.g. single_turn=true.")] = None,
+    policy: Annotated[Optional[str], typer.Option(
+        "--policy", help="Who acts: the environment's scripted expert (default), or openai:URL, an "
+                         "OpenAI-compatible endpoint (a teacher model, `trajtune serve`, vLLM).")] = None,
+    policy_model: Annotated[str, typer.Option(
+        "--policy-model", help="With --policy openai:URL: the model name sent to the endpoint.")] = "default",
+    temperature: Annotated[float, typer.Option(
+        "--temperature", min=0.0, help="With --policy openai:URL: sampling temperature.")] = 0.0,
 ) -> None:
-    """Write scripted-expert trajectories for N tasks of an environment (atomic write).
+    """Write trajectories for N tasks of an environment (atomic write): the scripted expert's, or a
+    teacher model's through an OpenAI-compatible endpoint (distillation data).
 
     Example: trajtune data generate --env workspace --n 200 -o data/workspace.jsonl
 
     Example: trajtune data generate --env fncall --n 2000 --env-arg single_turn=true -o data/fncall.jsonl
+
+    Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
     from trajtune.cli.eval_cmd import _env_kwargs
     from trajtune.envs import make_env
-    from trajtune.errors import EnvError, OutputError, UsageError
+    from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
     from trajtune.schema import AtomicJsonlWriter
 
     kwargs = _env_kwargs(env_arg)
@@ -41,12 +51,20 @@ def generate(
     if out.exists() and not overwrite:
         raise OutputError(f"{out} exists; pass --overwrite to replace it")
     tasks = probe.tasks(split, n, seed)
+    teacher = _teacher(policy, policy_model, temperature) if policy is not None else None
+    if teacher is not None:
+        from trajtune.envs.runner import run_episodes
+
+        made = run_episodes(lambda: make_env(env, **kwargs), tasks, teacher)
+        errors = [t for t in made if t.outcome is not None and t.outcome.termination == "policy_error"]
+        if errors and len(errors) == len(made):
+            raise ModelLoadError(f"--policy {policy}: every episode failed: {errors[0].metadata.get('error')}")
     kept = successes = 0
     terminations: dict[str, int] = {}
     with AtomicJsonlWriter(out, overwrite=overwrite) as writer:
-        for task in tasks:
+        for i, task in enumerate(tasks):
             try:
-                traj = make_env(env, **kwargs).expert(task)
+                traj = made[i] if teacher is not None else make_env(env, **kwargs).expert(task)
             except NotImplementedError as e:
                 raise EnvError(f"environment {env!r} has no scripted expert: {e}") from None
             ok = bool(traj.outcome and traj.outcome.success)
@@ -58,4 +76,28 @@ def generate(
             writer.write(traj)
             kept += 1
     terms = ", ".join(f"{k}={v}" for k, v in sorted(terminations.items()))
-    typer.echo(f"wrote {kept} trajectories to {out} ({successes}/{len(tasks)} expert successes; {terms})")
+    who = "teacher" if teacher is not None else "expert"
+    typer.echo(f"wrote {kept} trajectories to {out} ({successes}/{len(tasks)} {who} successes; {terms})")
+
+
+def _teacher(policy: str, model: str, temperature: float) -> Any:
+    """``openai:URL`` → a policy on that endpoint, after checking it answers (``GET URL/models``)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from trajtune.envs.adapters.openai_policy import OpenAIChatPolicy
+    from trajtune.errors import ModelLoadError, UsageError
+
+    kind, _, url = policy.partition(":")
+    if kind != "openai" or not url.startswith(("http://", "https://")):
+        raise UsageError(f"--policy must be openai:http(s)://HOST[:PORT]/v1 (an OpenAI-compatible endpoint), "
+                         f"got {policy!r}")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10) as r:
+            json.loads(r.read())
+    except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as e:
+        raise ModelLoadError(f"--policy {policy}: the endpoint does not answer GET {url.rstrip('/')}/models "
+                             f"({getattr(e, 'reason', e)}); is the server running (e.g. `trajtune serve --model M`)?") \
+            from None
+    return OpenAIChatPolicy(url, model, temperature=temperature, max_retries=1)
