@@ -66,3 +66,21 @@ def test_two_processes_train_like_one_and_resume_exactly(tmp_path, tiny_dir, hom
     resumed = _weights(killed)
     assert all(torch.equal(resumed[k], two[k]) for k in two)
     assert [json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_two_processes_share_the_rollouts_of_an_rl_step(tmp_path, tiny_dir):
+    cfg = tmp_path / "rl.yaml"
+    cfg.write_text(f"algorithm: rl\nmodel: {tiny_dir}\nenv: home\nseed: 0\noutput_dir: {tmp_path / 'rl'}\n"
+                   "rollout: {max_turns: 2, max_new_tokens: 8, max_length: 1024, temperature: 1.0}\n"
+                   "rl: {tasks_per_step: 3, group_size: 2, n_train_tasks: 16}\n"
+                   "train: {steps: 2, lr: 1.0e-3, micro_batch_size: 2, schedule: constant}\n")
+    p = _torchrun("train", "--config", str(cfg), "-q")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count('"step": 2') == 1
+    # 3 groups per step sampled by 2 ranks (groups 0, 2 and 1): rank 0 writes all of them, once, in group order
+    rows = [json.loads(x) for x in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 6 + [2] * 6
+    ids = [r["id"] for r in rows[:6]]
+    assert ids[0] == ids[1] and ids[2] == ids[3] and ids[4] == ids[5] and len(set(ids)) == 3
+    metrics = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]  # the weights stayed in sync (checked at the final save)

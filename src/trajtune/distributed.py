@@ -85,3 +85,18 @@ def sum_gradients(params: list[Any]) -> None:
         n = g.numel()
         g.copy_(flat[i:i + n].view_as(g))
         i += n
+
+
+def check_in_sync(params: list[Any], step: int) -> None:
+    """Every rank must hold the same weights (they apply the same summed gradients); a rank whose
+    experience differed would drift silently, so compare a checksum and stop if it did."""
+    if world_size() == 1:
+        return
+    import torch
+
+    with torch.no_grad():
+        local = float(sum(p.detach().double().abs().sum() for p in params))
+    sums = all_gather(local)
+    if max(sums) - min(sums) > 1e-9 * max(1.0, abs(sums[0])):
+        raise RuntimeError(f"step {step}: the ranks' weights differ (checksums {sums}); their step experience "
+                           "was not identical — a bug, please report it")

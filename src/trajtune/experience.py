@@ -97,10 +97,22 @@ class RolloutSource:
         return [self.tasks[i] for i in torch.randperm(n, generator=g)[: self.tasks_per_step].tolist()]
 
     def _round(self, step: int, round_no: int, model: Any) -> tuple[list[TokenTrajectory], list[Any]]:
-        expanded = [t for t in self._tasks(step, round_no) for _ in range(self.group_size)]
+        from trajtune import distributed as dist
+
+        tasks = self._tasks(step, round_no)
         seed = self.seed * 1_000_003 + step if round_no == 0 else _round_seed(self.seed, step, round_no)
-        episodes = run_rollouts(model, self.tokenizer, self.env_factory, expanded, self.rollout,
-                                seed=seed, renderer=self.renderer)
+        world, rank = dist.world_size(), dist.rank()
+        if world == 1:
+            episodes = run_rollouts(model, self.tokenizer, self.env_factory,
+                                    [t for t in tasks for _ in range(self.group_size)], self.rollout,
+                                    seed=seed, renderer=self.renderer)
+        else:  # each rank samples groups r, r + W, ...; every rank then holds the whole step, in group order
+            mine = [t for t in tasks[rank::world] for _ in range(self.group_size)]
+            own = run_rollouts(model, self.tokenizer, self.env_factory, mine, self.rollout,
+                               seed=seed + 104_729 * rank, renderer=self.renderer) if mine else []
+            parts = dist.all_gather(own)
+            g = self.group_size
+            episodes = [e for i in range(len(tasks)) for e in parts[i % world][(i // world) * g:(i // world + 1) * g]]
         tts = []
         for k, e in enumerate(episodes):
             tt = e.tokens

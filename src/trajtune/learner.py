@@ -175,6 +175,7 @@ class Learner:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-N`` atomically: a temp dir, fsync'd files, then one rename.
         Rank 0 writes (every rank holds the same weights and optimizer state); the others wait."""
+        dist.check_in_sync(self.params, self.step)
         final = self.ckpt_root / f"step-{self.step:06d}"
         if dist.is_main():
             self._write_checkpoint(final)
@@ -401,6 +402,7 @@ class Learner:
         """Save the trained model (or adapter) and tokenizer as a loadable HF directory, atomically
         (rank 0; the others wait)."""
         path = Path(path)
+        dist.check_in_sync(self.params, self.step)
         if not dist.is_main():
             dist.barrier()
             return path
