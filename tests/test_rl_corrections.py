@@ -79,6 +79,17 @@ def test_mini_batches_hold_whole_groups_and_cover_the_batch(tmp_path, tiny_dir, 
     micro = learner._micro_batches(tts)
     assert all(len({t.group for t in mb}) == 1 and len(mb) == 3 for mb in micro)
     assert [len(u) for u in split_units(tts)] == [3, 3, 3, 3]
+    # pairs of different lengths, grouped by length: still whole, chosen before rejected, longest first
+    pairs = [_tt(1.0 - k % 2, 2 + 3 * (k // 2) % 7, group=f"p{k // 2}") for k in range(8)]
+    learner.cfg.group_by_length, learner.cfg.micro_batch_size = True, 4
+    micro = learner._micro_batches(pairs)
+    assert sorted(id(t) for mb in micro for t in mb) == sorted(id(t) for t in pairs)
+    pos = {id(t): i for i, t in enumerate(pairs)}
+    for mb in micro:
+        assert all(len(u) == 2 and pos[id(u[0])] % 2 == 0 and pos[id(u[1])] == pos[id(u[0])] + 1
+                   for u in split_units(mb))
+    lengths = [max(len(t) for t in u) for mb in micro for u in split_units(mb)]
+    assert lengths == sorted(lengths, reverse=True)
 
 
 def _sampled(model, tiny_tok, trajs):
