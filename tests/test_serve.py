@@ -99,3 +99,37 @@ def test_data_generate_with_a_teacher_endpoint(server, tmp_path):
     assert not (tmp_path / "x.jsonl").exists()
     r = runner.invoke(app, ["data", "generate", "--env", "home", "--policy", "vllm:x", "-o", str(tmp_path / "y.jsonl")])
     assert r.exit_code == 2 and "openai:http" in r.output
+
+
+def test_eval_through_the_endpoint_sees_what_a_local_eval_sees(tiny_model, tiny_tok, tmp_path):
+    """Greedy, same model, same turn length: the endpoint's episodes say what the local run's say."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # large random weights, so the greedy answers are varied text, not one repeated token
+        for p in tiny_model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model_dir = tmp_path / "varied"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tok.save_pretrained(model_dir)
+    srv = make_server(ChatService(tiny_model, tiny_tok, ChatRenderer(tiny_tok), name="varied", max_tokens=12),
+                      "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    runs = {}
+    try:
+        for name, model in (("endpoint", f"openai:{url}"), ("local", str(model_dir))):
+            r = runner.invoke(app, ["eval", "--model", model, "--env", "home", "--tasks", "3", "--max-new-tokens",
+                                    "12", "--max-turns", "1", "--out", str(tmp_path / name), "-q"])
+            assert r.exit_code == 0, r.output
+            assert json.loads(r.stdout)["metrics"]["episodes"] == 3
+            eps = [json.loads(x) for x in (tmp_path / name / "episodes.jsonl").read_text().splitlines()]
+            runs[name] = [next(m.get("content") or "" for m in e["messages"] if m["role"] == "assistant").strip()
+                          for e in eps]
+        r = runner.invoke(app, ["eval", "--model", f"openai:{url}", "--env", "home", "--set",
+                                "render.tool_format=hermes"])
+        assert r.exit_code == 2 and "an endpoint renders its own" in r.output
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert runs["endpoint"] == runs["local"] and all(runs["local"])

@@ -43,7 +43,7 @@ def render_overrides(items: list[str] | None) -> dict[str, Any]:
 
 
 def eval_(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir).")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir), or openai:URL for an OpenAI-compatible endpoint.")],
     env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")] = None,
     benchmark: Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark: bfcl or textworld.")] = None,
     categories: Annotated[Optional[str], typer.Option(
@@ -80,6 +80,8 @@ def eval_(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the evaluation in --out.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the results JSON on stdout: no progress bar, "
                                                             "no summary table.")] = False,
+    endpoint_model: Annotated[str, typer.Option(
+        "--endpoint-model", help="With --model openai:URL: the model name sent to the endpoint.")] = "default",
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -88,6 +90,8 @@ def eval_(
     Example: trajtune eval --model runs/demo/sft/final --env home --tasks 100 --out runs/eval
 
     Example: trajtune eval --model Qwen/Qwen3-0.6B --benchmark bfcl --categories simple,multiple --limit 50 --out runs/bfcl
+
+    Example: trajtune eval --model openai:http://127.0.0.1:8000/v1 --env home --tasks 50   (a `trajtune serve` or vLLM endpoint)
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -101,7 +105,17 @@ def eval_(
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render_overrides(set_))
-    results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet)
+    backend = None
+    if model.startswith("openai:"):
+        from trajtune.cli.generate import _teacher
+        from trajtune.eval.backends import endpoint_backend
+
+        if template is not None or set_:
+            raise UsageError("--template and --set render.* shape the prompt of a local model; an endpoint renders "
+                             "its own")
+        settings.parser = "hermes"
+        backend = endpoint_backend(_teacher(model, endpoint_model, temperature), workers=workers)
+    results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet, backend=backend)
     shown = {k: v for k, v in results.items() if k != "settings"}  # run.json / results.json keep them
     if "best_of" in shown:
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}

@@ -141,3 +141,25 @@ class TextBackend:
 
     def complete(self, prompts: Sequence[Prompt], *, seed: int) -> list[str | None]:
         return [self.generate_fn(list(m), list(t)) for m, t in prompts]
+
+
+def message_as_hermes(msg: Message) -> str:
+    """An assistant message as Hermes text (its text, then one ``<tool_call>`` block per call), so an
+    endpoint's structured answer goes through the same parser and metrics as a local model's text."""
+    import json
+
+    parts = [msg.text() or ""]
+    for c in msg.tool_calls or []:
+        args: Any = c.arguments if c.arguments is not None else (c.arguments_raw or {})
+        parts.append("<tool_call>\n" + json.dumps({"name": c.name, "arguments": args}, ensure_ascii=False)
+                     + "\n</tool_call>")
+    return "\n".join(p for p in parts if p)
+
+
+def endpoint_backend(policy: Callable[[list[Message], list[ToolSpec]], Message], *, workers: int = 8,
+                     step_timeout_s: float = 30.0) -> "TextBackend":
+    """Evaluate an OpenAI-compatible endpoint (``OpenAIChatPolicy``): its answers as Hermes text."""
+    backend = TextBackend(lambda messages, tools: message_as_hermes(policy(messages, tools)), parser="hermes",
+                          workers=workers, step_timeout_s=step_timeout_s)
+    backend.name = getattr(policy, "name", "endpoint")
+    return backend
