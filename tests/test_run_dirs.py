@@ -150,6 +150,12 @@ def _subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+def _interruptible() -> None:
+    """In the child before exec: take SIGINT's default back. A test run started in the background by
+    a non-interactive shell inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_when(proc: subprocess.Popen, ready, limit_s: float = 300) -> tuple[int, str]:
     """Send SIGINT once ``ready()`` holds; return the exit code and stderr."""
     deadline = time.monotonic() + limit_s
@@ -168,7 +174,8 @@ def test_ctrl_c_during_sft_says_where_it_stopped_and_how_to_continue(tmp_path, t
     out = tmp_path / "run"
     cfg = _cfg(tmp_path, tiny_dir, data, out, steps=100000, save_every=2)
     proc = subprocess.Popen([sys.executable, "-m", "trajtune.cli.main", "sft", "--config", str(cfg), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_subprocess_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_subprocess_env(),
+                            preexec_fn=_interruptible)
     metrics = out / "metrics.jsonl"
     rc, err = _interrupt_when(proc, lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 3)
     assert rc == Interrupted.exit_code == 130, err
@@ -183,7 +190,8 @@ def test_ctrl_c_during_eval_says_how_many_episodes_are_stored(tmp_path, tiny_dir
     out = tmp_path / "ev"
     cmd = [sys.executable, "-m", "trajtune.cli.main", "eval", "--model", str(tiny_dir), "--env", "home",
            "--tasks", "2000", "--batch-size", "2", "--max-turns", "2", "--max-new-tokens", "8", "--out", str(out), "-q"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_subprocess_env())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_subprocess_env(),
+                            preexec_fn=_interruptible)
     episodes = out / "episodes.jsonl"
     rc, err = _interrupt_when(proc, lambda: episodes.exists() and len(episodes.read_text().splitlines()) >= 2)
     assert rc == 130, err
