@@ -165,7 +165,6 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
                 tools.append(ts)
 
     messages: list[Message] = []
-    legacy_pairs: list[tuple[Message, str | None]] = []
     for i, m in enumerate(msgs_in):
         where = f"messages[{i}]"
         expect_object(m, where)
