@@ -1,4 +1,12 @@
-"""SFT side by side: trajtune's learner against TRL's SFTTrainer on the same model, tokens and batches.
+"""Side by side with TRL on the same model: SFT (`--task sft`, default) and GRPO (`--task grpo`).
+
+GRPO: single-turn function calling (`fncall` with single_turn; TRL's GRPOTrainer cannot drive our
+multi-turn environments), the same rendered prompts for both, the same reward (the environment
+scores the parsed call), 4 prompts × 4 samples of at most 32 tokens per step, temperature 1, no
+KL, micro-batches of 4 sequences on both sides; reported: the step time (generation + reward +
+update) and peak RSS.
+
+SFT: trajtune's learner against TRL's SFTTrainer on the same model, tokens and batches.
 
 Both sides train on identical pre-tokenized rows (home expert trajectories rendered by trajtune
 with the model's chat template; TRL gets them as `input_ids` + `labels`, -100 where trajtune's
@@ -12,6 +20,7 @@ repeats (tokens = non-padding tokens of the timed steps), the min of the per-run
 and peak RSS. Needs the `bench` extra (`pip install -e '.[bench]'`). A benchmark, not a test.
 
     python benchmarks/vs_trl.py --model smollm2-135m --steps 4 --batch 2 --repeats 2
+    python benchmarks/vs_trl.py --task grpo --model smollm2-135m --steps 2 --repeats 1
 """
 
 from __future__ import annotations
@@ -112,6 +121,89 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
             "trl": __import__("trl").__version__ if a.side == "trl" else None}
 
 
+GRPO_TASKS, GRPO_GROUP, GRPO_NEW = 4, 4, 32  # prompts per step, samples per prompt, completion tokens
+
+
+def grpo_worker(a: argparse.Namespace) -> dict[str, Any]:
+    """One GRPO run on single-turn function calling (`fncall`, single_turn): TRL cannot run our
+    multi-turn environments, so both sides get the same single-turn prompts and reward."""
+    import torch
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    from trajtune.models.loading import resolve_model
+
+    path = resolve_model(a.model).path
+    n_tasks = GRPO_TASKS * (a.steps + 1)
+    times: list[float] = []
+    if a.side == "trajtune":
+        from trajtune.algorithms.registry import get_algorithm
+        from trajtune.config import validate_config
+        from trajtune.train import run
+
+        out = Path(tempfile.mkdtemp()) / "rl"
+        cfg = validate_config({
+            "algorithm": "rl", "model": path, "output_dir": str(out), "seed": 0,
+            "env": {"name": "fncall", "kwargs": {"single_turn": True}},
+            "rollout": {"max_turns": 1, "max_new_tokens": GRPO_NEW, "max_length": 2048, "temperature": 1.0,
+                        "batch_size": GRPO_TASKS * GRPO_GROUP},
+            "rl": {"tasks_per_step": GRPO_TASKS, "group_size": GRPO_GROUP, "n_train_tasks": n_tasks},
+            "train": {"steps": a.steps + 1, "lr": 1e-6, "schedule": "constant",
+                      "micro_batch_size": GRPO_GROUP, "gradient_checkpointing": a.gc},
+        }, get_algorithm("rl").config, "<bench>")
+        run(cfg, quiet=True)
+        times = [json.loads(x)["seconds"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    else:
+        import trl
+        from datasets import Dataset
+        from transformers import TrainerCallback
+
+        from trajtune.chat.parsers import assistant_message, parse_tool_calls
+        from trajtune.chat.render import ChatRenderer
+        from trajtune.envs import make_env
+        from trajtune.models.loading import load_tokenizer
+
+        tok = load_tokenizer(path)
+        renderer = ChatRenderer(tok)
+        tasks = make_env("fncall", single_turn=True).tasks("train", n_tasks, seed=0)
+        prompts = []
+        for t in tasks:
+            res = make_env("fncall", single_turn=True).reset(t)
+            prompts.append(renderer.prompt_text(res.messages, res.tools))
+
+        def reward(completions: list[str], task_index: list[int], **kw: Any) -> list[float]:
+            out = []
+            for text, i in zip(completions, task_index):
+                env = make_env("fncall", single_turn=True)
+                env.reset(tasks[i])
+                parsed = parse_tool_calls(text, renderer.parser or "hermes")
+                out.append(float(env.step(assistant_message(parsed.content, parsed.tool_calls, parsed.errors,
+                                                            text)).reward))
+            return out
+
+        class Clock(TrainerCallback):
+            def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+                self.t = time.perf_counter()
+
+            def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+                times.append(time.perf_counter() - self.t)
+
+        # one optimizer step = one generation of GRPO_TASKS × GRPO_GROUP completions, in micro-batches of GRPO_GROUP
+        args = trl.GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=GRPO_GROUP,
+                              gradient_accumulation_steps=GRPO_TASKS, num_generations=GRPO_GROUP, max_completion_length=GRPO_NEW, max_steps=a.steps + 1,
+                              learning_rate=1e-6, lr_scheduler_type="constant", beta=0.0, temperature=1.0,
+                              use_cpu=True, logging_steps=1, save_strategy="no", report_to="none", seed=0,
+                              gradient_checkpointing=a.gc, shuffle_dataset=False)
+        data = Dataset.from_dict({"prompt": prompts, "task_index": list(range(n_tasks))})
+        trainer = trl.GRPOTrainer(model=path, reward_funcs=reward, args=args, train_dataset=data,
+                                  processing_class=tok, callbacks=[Clock()])
+        trainer.train()
+    timed = times[1:]
+    return {"side": a.side, "gc": a.gc, "median_step_s": statistics.median(timed), "step_s": timed,
+            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2,
+            "trl": __import__("trl").__version__ if a.side == "trl" else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="alias, path or .gguf (trajtune models list)")
@@ -121,12 +213,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    ap.add_argument("--task", choices=["sft", "grpo"], default="sft",
+                    help="sft: tokens/s and memory; grpo: step time on single-turn function calling (fncall), "
+                         f"{GRPO_TASKS} prompts × {GRPO_GROUP} samples of ≤ {GRPO_NEW} tokens per step")
     ap.add_argument("--worker", choices=["trajtune", "trl"], help=argparse.SUPPRESS, dest="side")
     ap.add_argument("--gc", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side:
-        print(json.dumps(worker(a)))
+        print(json.dumps(worker(a) if a.task == "sft" else grpo_worker(a)))
         return
+    if a.task == "grpo":
+        return grpo_main(a)
 
     configs = [("trajtune", False), ("trl", True), ("trajtune", True), ("trl", False)]
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -162,6 +259,47 @@ def main() -> None:
     Path(a.out).write_text(json.dumps({"model": a.model, "batch": a.batch, "steps": a.steps, "threads": a.threads,
                                        "baseline": base, "rows": rows, "runs": runs}, indent=1))
     print(f"wrote {a.out}")
+
+
+
+def _launch(a: argparse.Namespace, side: str, gc: bool) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--task", a.task, "--worker", side, "--model", a.model, "--steps", str(a.steps),
+           "--batch", str(a.batch), "--max-length", str(a.max_length), "--threads", str(a.threads)]
+    cmd += ["--gc"] if gc else []
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{side} (gc {gc}) failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def grpo_main(a: argparse.Namespace) -> None:
+    configs = [("trajtune", False), ("trl", False), ("trajtune", True), ("trl", True)]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(a.repeats):
+        for side, gc in configs:
+            name = f"{side}, gradient checkpointing {'on' if gc else 'off'}"
+            r = _launch(a, side, gc)
+            runs.setdefault(name, []).append(r)
+            print(f"repeat {rep} {name}: median step {r['median_step_s']:.2f} s, peak RSS {r['peak_rss_gb']:.2f} GB",
+                  flush=True)
+    best_trl = min(min(x["median_step_s"] for x in runs[n]) for n in runs if n.startswith("trl"))
+    print(f"\nGRPO on {a.model}: fncall single-turn, {GRPO_TASKS} prompts × {GRPO_GROUP} samples, ≤ {GRPO_NEW} new "
+          f"tokens, {a.steps} timed steps, {a.threads} threads, {a.repeats} repeats")
+    print(f"{'configuration':38s} {'min step s':>11s} {'median step s':>14s} {'peak RSS GB':>12s} {'÷ best TRL':>11s}")
+    rows = []
+    for name, rs in runs.items():
+        steps = [x["median_step_s"] for x in rs]
+        row = {"configuration": name, "min_step_s": min(steps), "median_step_s": statistics.median(steps),
+               "peak_rss_gb": max(x["peak_rss_gb"] for x in rs)}
+        row["vs_best_trl"] = row["min_step_s"] / best_trl
+        rows.append(row)
+        print(f"{name:38s} {row['min_step_s']:11.2f} {row['median_step_s']:14.2f} {row['peak_rss_gb']:12.2f} "
+              f"{row['vs_best_trl']:11.2f}")
+    out = Path(a.out).with_name(Path(a.out).stem + "_grpo.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": a.model, "steps": a.steps, "threads": a.threads, "rows": rows, "runs": runs},
+                              indent=1))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
