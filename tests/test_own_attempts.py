@@ -11,7 +11,6 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import trajtune.rollout as rollout_mod
 from model_fixtures import FixedLogits
 from trajtune.algorithms.batch import Batch
 from trajtune.algorithms.dpo import (
@@ -327,7 +326,7 @@ def test_rollouts_from_a_replayed_state(tiny_model, tiny_tok):
         if m.role == "assistant":
             live.step(m)
     replayed = make_env("home")
-    rollout_mod.replay_prefix(replayed, task, prefix)
+    replayed.reach(task, prefix)
     assert replayed.render() == live.render()
     plain = run_rollouts(tiny_model, tiny_tok, lambda: make_env("home"), [task], ro, seed=1, renderer=r)[0]
     again = run_rollouts(tiny_model, tiny_tok, lambda: make_env("home"), [task], ro, seed=1, renderer=r,

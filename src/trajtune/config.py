@@ -194,6 +194,16 @@ class RunBase(_C):
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _eval_on_the_training_env(cls, v: Any) -> Any:
+        """An ``eval:`` section without ``env`` evaluates on the training environment (for runs that
+        have one), so that ``--set env=workspace`` cannot silently keep evaluating on another one."""
+        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
+                and v.get("env") is not None:
+            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
+        return v
+
     @model_validator(mode="after")
     def _eval_every(self) -> "RunBase":
         if self.train.eval_every and (self.eval is None or self.eval.env is None):
@@ -314,24 +324,11 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
     return validate_config({**data, "algorithm": tag}, known[tag].config, source)
 
 
-_RunBase = RunBase  # the earlier name
-
-
 class EnvRunBase(RunBase):
     """A run that acts in an environment (rl, rft, dpo mined from rollouts)."""
 
     env: EnvSpec
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _eval_on_the_training_env(cls, v: Any) -> Any:
-        """An ``eval:`` section without ``env`` evaluates on the training environment, so that
-        ``--set env=workspace`` cannot silently keep evaluating on another one."""
-        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
-                and v.get("env") is not None:
-            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
-        return v
 
 
 class _RenderOnly(_C):

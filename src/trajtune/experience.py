@@ -101,18 +101,14 @@ class RolloutSource:
 
         tasks = self._tasks(step, round_no)
         seed = self.seed * 1_000_003 + step if round_no == 0 else _round_seed(self.seed, step, round_no)
-        world, rank = dist.world_size(), dist.rank()
-        if world == 1:
-            episodes = run_rollouts(model, self.tokenizer, self.env_factory,
-                                    [t for t in tasks for _ in range(self.group_size)], self.rollout,
-                                    seed=seed, renderer=self.renderer)
-        else:  # each rank samples groups r, r + W, ...; every rank then holds the whole step, in group order
-            mine = [t for t in tasks[rank::world] for _ in range(self.group_size)]
-            own = run_rollouts(model, self.tokenizer, self.env_factory, mine, self.rollout,
-                               seed=seed + 104_729 * rank, renderer=self.renderer) if mine else []
-            parts = dist.all_gather(own)
-            g = self.group_size
-            episodes = [e for i in range(len(tasks)) for e in parts[i % world][(i // world) * g:(i // world + 1) * g]]
+        # each rank samples groups r, r + W, ... (one process: all of them); every rank then holds the
+        # whole step, in group order
+        world, rank, g = dist.world_size(), dist.rank(), self.group_size
+        mine = [t for t in tasks[rank::world] for _ in range(g)]
+        own = run_rollouts(model, self.tokenizer, self.env_factory, mine, self.rollout,
+                           seed=seed + 104_729 * rank, renderer=self.renderer) if mine else []
+        parts = dist.all_gather(own)
+        episodes = [e for i in range(len(tasks)) for e in parts[i % world][(i // world) * g:(i // world + 1) * g]]
         tts = []
         for k, e in enumerate(episodes):
             tt = e.tokens
@@ -287,11 +283,13 @@ class IterativeSource:
         # one permutation per (iteration, epoch over the iteration's units)
         start = pos * self.batch_size
         out: list[TokenTrajectory] = []
+        orders: dict[int, list[int]] = {}
         for k in range(start, start + self.batch_size):
             epoch, idx = divmod(k, len(units))
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + it * 10_007 + epoch)
-            order = torch.randperm(len(units), generator=g).tolist()
-            out.extend(units[order[idx]])
+            if epoch not in orders:
+                g = torch.Generator().manual_seed(self.seed * 1_000_003 + it * 10_007 + epoch)
+                orders[epoch] = torch.randperm(len(units), generator=g).tolist()
+            out.extend(units[orders[epoch][idx]])
         metrics: dict[str, float] = {"iteration": float(it), "train_units": float(len(units))}
         if pos == 0:
             metrics.update({f"mined/{k}": v for k, v in self._mined_metrics.get(it, {}).items()})

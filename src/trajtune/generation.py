@@ -112,6 +112,23 @@ def _buffer_layer_class() -> type:
     return BufferLayer
 
 
+def _right_aligned(rows: list[RowCache | None], width: int, room: int = 0) -> Layers:
+    """The rows' caches as batch tensors ``[B, heads, width + room, dim]`` per layer, each row's
+    keys/values ending at position ``width`` (zeros before, for the attention mask to hide; a row
+    without a cache is all zeros), ``room`` free positions after."""
+    ref = next(row for row in rows if row is not None).layers
+    out: Layers = []
+    for li, (k0, v0) in enumerate(ref):
+        k = k0.new_zeros((len(rows), k0.shape[1], width + room, k0.shape[3]))
+        v = v0.new_zeros((len(rows), v0.shape[1], width + room, v0.shape[3]))
+        for b, row in enumerate(rows):
+            if row is not None:
+                k[b, :, width - row.n:width] = row.layers[li][0][0]
+                v[b, :, width - row.n:width] = row.layers[li][1][0]
+        out.append((k, v))
+    return out
+
+
 def _common_prefix(seqs: list[list[int]]) -> int:
     n = min(len(x) for x in seqs)
     first = seqs[0]
@@ -154,17 +171,7 @@ class CachedSampler:
         have = [row.n if row is not None else 0 for row, _ in items]
         news = [len(ids) for _, ids in items]
         width, m = max(have), max(news)
-        layers: Layers = []
-        if width:
-            ref = next(row for row, _ in items if row is not None).layers
-            for li, (k0, v0) in enumerate(ref):
-                k = k0.new_zeros((b, k0.shape[1], width, k0.shape[3]))
-                v = v0.new_zeros((b, v0.shape[1], width, v0.shape[3]))
-                for r, (row, _) in enumerate(items):
-                    if row is not None:
-                        k[r, :, width - row.n:] = row.layers[li][0][0]
-                        v[r, :, width - row.n:] = row.layers[li][1][0]
-                layers.append((k, v))
+        layers = _right_aligned([row for row, _ in items], width) if width else []
         x = torch.zeros((b, m), dtype=torch.long, device=self.device)
         mask = torch.zeros((b, width + m), dtype=torch.long, device=self.device)
         for r, (_, ids) in enumerate(items):
@@ -250,16 +257,7 @@ class CachedSampler:
         width = max(lens)
         room = max(max_new[r] for r in live)
         buffer_layer = _buffer_layer_class()
-        layers = []
-        for li in range(len(caches[live[0]].layers)):  # type: ignore[union-attr]
-            k0, v0 = caches[live[0]].layers[li]  # type: ignore[union-attr]
-            k = k0.new_zeros((len(live), k0.shape[1], width + room, k0.shape[3]))
-            v = v0.new_zeros((len(live), v0.shape[1], width + room, v0.shape[3]))
-            for b, r in enumerate(live):
-                kr, vr = caches[r].layers[li]  # type: ignore[union-attr]
-                k[b, :, width - kr.shape[2]:width] = kr[0]
-                v[b, :, width - vr.shape[2]:width] = vr[0]
-            layers.append(buffer_layer(k, v, width))
+        layers = [buffer_layer(k, v, width) for k, v in _right_aligned([caches[r] for r in live], width, room)]
         cache = Cache(layers=layers)
         mask = torch.zeros((len(live), width), dtype=torch.long, device=self.device)
         for b, m in enumerate(lens):

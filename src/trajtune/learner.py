@@ -120,6 +120,14 @@ def checkpoint_step(ckpt: Path) -> int:
     return int(json.loads((ckpt / "trainer_state.json").read_text())["step"])
 
 
+def _add_metric(sums: dict[str, list[float]], key: str, num: float, den: float | None) -> None:
+    """Accumulate one metric as [Σ sums, Σ denominators]; a count (no denominator) keeps -1 there."""
+    acc = sums.setdefault(key, [0.0, -1.0 if den is None else 0.0])
+    acc[0] += float(num)
+    if den is not None:
+        acc[1] += float(den)
+
+
 def split_units(tts: list[TokenTrajectory]) -> list[list[TokenTrajectory]]:
     """Consecutive trajectories sharing a non-empty ``group`` form one unit; others stand alone."""
     units: list[list[TokenTrajectory]] = []
@@ -321,10 +329,7 @@ class Learner:
             total += float(scaled.detach())
             for k, v in m.items():
                 num, den = (v if isinstance(v, tuple) else (v, None))
-                acc = sums.setdefault(k, [0.0, 0.0 if den is not None else -1.0])
-                acc[0] += float(num)
-                if den is not None:
-                    acc[1] += float(den)
+                _add_metric(sums, k, num, den)
         if self.world > 1:
             dist.sum_gradients(self.params)
             total = dist.all_sum([total])[0]
@@ -350,10 +355,7 @@ class Learner:
             merged: dict[str, list[float]] = {}
             for part in dist.all_gather(sums):
                 for k, (num, den) in part.items():
-                    acc = merged.setdefault(k, [0.0, den if den < 0 else 0.0])
-                    acc[0] += num
-                    if den >= 0:
-                        acc[1] += den
+                    _add_metric(merged, k, num, None if den < 0 else den)
             sums = merged
         if not results:
             self.optimizer.zero_grad(set_to_none=True)

@@ -72,6 +72,7 @@ class _Live:
     taken_ids: set[str] = field(default_factory=set)
     error: str | None = None
     cache: RowCache | None = None  # keys/values of ids[:cache.n] (the cached sampler only)
+    index: int = 0  # the task's position in the run_rollouts call (where its episode goes)
 
     def extend(self, ids: list[int], src: int, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -154,7 +155,7 @@ def run_rollouts(
     ends, the next task takes its place (so one long episode does not hold up a whole batch).
 
     ``prefixes`` (one list per task) start each episode from a state: the prefix's assistant actions
-    are replayed through the environment after reset (``replay_prefix``), the resulting history is
+    are replayed through the environment after reset (``Environment.reach``), the resulting history is
     prompt-source tokens (the policy did not sample it: no loss, no log-probs), rewards earned in
     the prefix are not the episode's, and ``max_turns`` counts the policy's own turns only."""
     if prefixes is not None and len(prefixes) != len(tasks):
@@ -173,21 +174,16 @@ def run_rollouts(
         model.train(was_training)
 
 
-def replay_prefix(env: Environment, task: Task, prefix: list[Message]) -> tuple[list[Message], list[ToolSpec], bool]:
-    """The state after ``prefix``: ``env.reach`` (reset and replay its actions, or a snapshot)."""
-    return env.reach(task, prefix)
-
-
-def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task: Task, cfg: RolloutConfig,
-           prefix: list[Message] | None) -> _Live:
+def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task: Task, index: int,
+           cfg: RolloutConfig, prefix: list[Message] | None) -> _Live:
     env = env_factory()
     ended = False
     if prefix:
-        messages, tools, ended = replay_prefix(env, task, prefix)
+        messages, tools, ended = env.reach(task, prefix)
     else:
         res = env.reset(task)
         messages, tools = list(res.messages), list(res.tools)
-    ep = _Live(env=env, task=task, messages=messages, tools=tools)
+    ep = _Live(env=env, task=task, messages=messages, tools=tools, index=index)
     ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
     if ended:
         ep.termination = "done"
@@ -201,7 +197,6 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
              step_fn: Callable[..., list[StepResult]], prefixes: list[list[Message]] | None,
              progress: Callable[[int], None] | None) -> list[Episode]:
     results: list[Episode | None] = [None] * len(tasks)
-    slot: dict[int, int] = {}  # id(live episode) -> its task index
     live: list[_Live] = []
     next_i = 0
     round_no = 0
@@ -211,15 +206,14 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
         for e in live:
             if e.termination is not None:
                 e.cache = None  # a finished episode's keys and values are not needed again
-                results[slot.pop(id(e))] = _finish(e)
+                results[e.index] = _finish(e)
                 if progress:
                     progress(1)
         live = [e for e in live if e.termination is None]
         while len(live) < cfg.batch_size and next_i < len(tasks):  # refill the free places
-            e = _start(renderer, env_factory, tasks[next_i], cfg, prefixes[next_i] if prefixes is not None else None)
-            slot[id(e)] = next_i
+            live.append(_start(renderer, env_factory, tasks[next_i], next_i, cfg,
+                               prefixes[next_i] if prefixes is not None else None))
             next_i += 1
-            live.append(e)
         if not live:
             break
         if any(e.termination is not None for e in live):  # ended before acting (a replayed prefix, too long)

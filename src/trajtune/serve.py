@@ -41,12 +41,17 @@ class ChatService:
         self.name = name
         self.max_tokens = max_tokens
         self.lock = threading.Lock()
+        from trajtune.generation import supports
+
+        self.cached = supports(model)  # the cached sampler, else generate()
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         from trajtune.chat.parsers import parse_tool_calls
+        from trajtune.envs.adapters.openai_policy import to_openai_messages
         from trajtune.formats.openai import to_ir
-        from trajtune.generation import CachedSampler, supports
+        from trajtune.generation import CachedSampler
         from trajtune.rollout import RolloutConfig, _generate
+        from trajtune.schema import Message
 
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise BadRequest("`messages` must be a non-empty list")
@@ -67,7 +72,7 @@ class ChatService:
         prompt = self.renderer.encode(self.renderer.prompt_text(traj.messages, traj.tools))
         stops = self.renderer.stop_ids()
         with self.lock:
-            if supports(self.model):
+            if self.cached:
                 ids, lps, ended, _ = CachedSampler(self.model, temperature, top_p, stops).turn(
                     [(None, prompt)], [max_new], seed)[0]
             else:
@@ -75,13 +80,8 @@ class ChatService:
                 ids, lps, ended = _generate(self.model, self.tok, [prompt], [max_new], cfg, stops, seed)[0]
         text = self.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         parsed = parse_tool_calls(text, self.renderer.parser or "hermes")
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
-        if parsed.tool_calls:
-            message["tool_calls"] = [{"id": c.id or f"call_{i}", "type": "function",
-                                      "function": {"name": c.name,
-                                                   "arguments": json.dumps(c.arguments, ensure_ascii=False)
-                                                   if c.arguments is not None else (c.arguments_raw or "{}")}}
-                                     for i, c in enumerate(parsed.tool_calls)]
+        message = to_openai_messages([Message(role="assistant", content=parsed.content or None,
+                                              tool_calls=parsed.tool_calls or None)])[0]
         choice: dict[str, Any] = {
             "index": 0, "message": message, "token_ids": ids,
             "finish_reason": "length" if not ended else ("tool_calls" if parsed.tool_calls else "stop")}

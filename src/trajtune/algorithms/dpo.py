@@ -22,6 +22,7 @@ from pydantic import Field, ValidationError, model_validator
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, token_logprobs
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.rft import action_key
 from trajtune.config import EnvSpec, RolloutSpec, RunBase, _C
 from trajtune.errors import ConfigError, DataError
 from trajtune.schema import PreferencePair, RecordError, Trajectory, iter_jsonl
@@ -328,10 +329,7 @@ def mine_step_pairs(states: list[tuple[str, int, list[Any]]], theta: float,
             i = _nth_assistant(e.trajectory, n_prefix)
             if i is None:
                 continue
-            m = e.trajectory.messages[i]
-            key = json.dumps([m.text().strip(), [[c.name, c.arguments] for c in (m.tool_calls or [])]],
-                             sort_keys=True, ensure_ascii=False, default=str)
-            sibs.setdefault(key, []).append(e)
+            sibs.setdefault(action_key(e.trajectory.messages[i]), []).append(e)
         groups = list(sibs.values())  # insertion order = episode order: deterministic
         if len(groups) < 2:
             counts["states_one_action"] += 1
@@ -387,14 +385,6 @@ class DPORunConfig(RunBase):
     env: EnvSpec | None = Field(None, description="environment to mine pairs in (when dpo.pairs is not given)")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     dpo: DPOSpec = Field(default_factory=DPOSpec)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _eval_on_the_training_env(cls, v: Any) -> Any:
-        if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
-                and v.get("env") is not None:
-            v = {**v, "eval": {**v["eval"], "env": v["env"]}}
-        return v
 
     @model_validator(mode="after")
     def _source(self) -> "DPORunConfig":

@@ -24,14 +24,22 @@ from trajtune.schema import Trajectory
 from trajtune.tokens import TokenTrajectory
 
 
+def _action(m: Any) -> list[Any]:
+    return [m.text().strip(), [[c.name, c.arguments] for c in (m.tool_calls or [])]]
+
+
+def _canonical(x: Any) -> str:
+    return json.dumps(x, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def action_key(m: Any) -> str:
+    """One assistant action (its text and calls) as canonical text: equal actions, equal keys."""
+    return _canonical(_action(m))
+
+
 def action_signature(t: Trajectory) -> str:
     """The policy's actions as canonical text: two attempts with the same signature are duplicates."""
-    acts = []
-    for m in t.messages:
-        if m.role == "assistant":
-            calls = [[c.name, c.arguments] for c in (m.tool_calls or [])]
-            acts.append([m.text().strip(), calls])
-    return json.dumps(acts, sort_keys=True, ensure_ascii=False, default=str)
+    return _canonical([_action(m) for m in t.messages if m.role == "assistant"])
 
 
 def select_successes(episodes: list[Any], per_task_quota: int,

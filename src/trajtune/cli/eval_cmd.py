@@ -107,14 +107,15 @@ def eval_(
         workers=workers, template=str(template) if template else None, render=render_overrides(set_))
     backend = None
     if model.startswith("openai:"):
-        from trajtune.cli.generate import _teacher
+        from trajtune.envs.adapters.openai_policy import endpoint_policy
         from trajtune.eval.backends import endpoint_backend
 
         if template is not None or set_:
             raise UsageError("--template and --set render.* shape the prompt of a local model; an endpoint renders "
                              "its own")
         settings.parser = "hermes"
-        backend = endpoint_backend(_teacher(model, endpoint_model, temperature), workers=workers)
+        backend = endpoint_backend(endpoint_policy(model, endpoint_model, temperature, option="--model"),
+                                   workers=workers)
     results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet, backend=backend)
     shown = {k: v for k, v in results.items() if k != "settings"}  # run.json / results.json keep them
     if "best_of" in shown:

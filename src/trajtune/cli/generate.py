@@ -7,7 +7,7 @@ A plain function so the ``data`` command group can attach it with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -51,7 +51,11 @@ def generate(
     if out.exists() and not overwrite:
         raise OutputError(f"{out} exists; pass --overwrite to replace it")
     tasks = probe.tasks(split, n, seed)
-    teacher = _teacher(policy, policy_model, temperature) if policy is not None else None
+    teacher = None
+    if policy is not None:
+        from trajtune.envs.adapters.openai_policy import endpoint_policy
+
+        teacher = endpoint_policy(policy, policy_model, temperature, option="--policy")
     if teacher is not None:
         from trajtune.envs.runner import run_episodes
 
@@ -79,25 +83,3 @@ def generate(
     who = "teacher" if teacher is not None else "expert"
     typer.echo(f"wrote {kept} trajectories to {out} ({successes}/{len(tasks)} {who} successes; {terms})")
 
-
-def _teacher(policy: str, model: str, temperature: float) -> Any:
-    """``openai:URL`` → a policy on that endpoint, after checking it answers (``GET URL/models``)."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    from trajtune.envs.adapters.openai_policy import OpenAIChatPolicy
-    from trajtune.errors import ModelLoadError, UsageError
-
-    kind, _, url = policy.partition(":")
-    if kind != "openai" or not url.startswith(("http://", "https://")):
-        raise UsageError(f"--policy must be openai:http(s)://HOST[:PORT]/v1 (an OpenAI-compatible endpoint), "
-                         f"got {policy!r}")
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10) as r:
-            json.loads(r.read())
-    except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as e:
-        raise ModelLoadError(f"--policy {policy}: the endpoint does not answer GET {url.rstrip('/')}/models "
-                             f"({getattr(e, 'reason', e)}); is the server running (e.g. `trajtune serve --model M`)?") \
-            from None
-    return OpenAIChatPolicy(url, model, temperature=temperature, max_retries=1)

@@ -156,3 +156,26 @@ class OpenAIChatPolicy:
         if choice.get("finish_reason"):
             msg.extra["finish_reason"] = choice["finish_reason"]
         return msg
+
+
+def endpoint_policy(spec: str, model: str, temperature: float = 0.0, *, option: str = "--policy") -> OpenAIChatPolicy:
+    """``openai:URL`` (a command's ``option``) → a policy on that endpoint, after checking that it
+    answers ``GET URL/models``, so a wrong address fails at once with the fix rather than as a
+    policy error in every episode."""
+    import urllib.error
+    import urllib.request
+
+    from trajtune.errors import ModelLoadError, UsageError
+
+    kind, _, url = spec.partition(":")
+    if kind != "openai" or not url.startswith(("http://", "https://")):
+        raise UsageError(f"{option} must be openai:http(s)://HOST[:PORT]/v1 (an OpenAI-compatible endpoint), "
+                         f"got {spec!r}")
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=10) as r:
+            json.loads(r.read())
+    except (urllib.error.URLError, TimeoutError, ConnectionError, ValueError) as e:
+        raise ModelLoadError(f"{option} {spec}: the endpoint does not answer GET {url.rstrip('/')}/models "
+                             f"({getattr(e, 'reason', e)}); is the server running (e.g. `trajtune serve --model M`)?") \
+            from None
+    return OpenAIChatPolicy(url, model, temperature=temperature, max_retries=1)
