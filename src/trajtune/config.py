@@ -142,6 +142,15 @@ class EnvSpec(_C):
         return {"name": v} if isinstance(v, str) else v
 
 
+class RaySpec(_C):
+    """Environments held by Ray actors instead of the learner process (the ``ray`` extra)."""
+
+    num_workers: int = Field(2, gt=0, description="rollout worker actors; episodes are spread over them round-robin")
+    address: str | None = Field(None, description="an existing Ray cluster to join ('auto', 'ray://HOST:PORT'); "
+                                                  "default: start a local one")
+    cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each worker actor")
+
+
 class RolloutSpec(_C):
     max_turns: int = Field(8, gt=0)
     max_new_tokens: int = Field(128, gt=0)
@@ -153,6 +162,19 @@ class RolloutSpec(_C):
     step_timeout_s: float = Field(30.0, gt=0)
     reuse_kv_cache: bool = Field(True, description="keep each episode's KV cache across turns (encode only the new "
                                                    "tokens); false, or a model it cannot serve: generate() per turn")
+    ray: RaySpec | None = Field(None, description="run the environments in Ray worker actors (docs/envs.md, Rollout "
+                                                   "workers on Ray); generation stays in the learner")
+
+    def to_config(self) -> Any:
+        """The agent loop's settings (``rollout.RolloutConfig``); where the environments run is not one."""
+        from trajtune.rollout import RolloutConfig
+
+        return RolloutConfig(**self.model_dump(exclude={"ray"}))
+
+    def env_factory(self, env: "EnvSpec") -> Any:
+        from trajtune.envs.ray_workers import env_factory
+
+        return env_factory(env.name, env.kwargs, self.ray, self.step_timeout_s)
 
     @field_validator("parser")
     @classmethod

@@ -71,6 +71,11 @@ class EnvError(UserError, ValueError):
     exit_code = 6
 
 
+class WorkerLost(EnvError):
+    """A remote rollout worker (a Ray actor) or its cluster went away. Not an observation: the step
+    runner re-raises it instead of showing the policy an error message to learn from."""
+
+
 class OutputError(UserError, FileExistsError):
     """The output location's state forbids the command: an output file or directory exists."""
 

@@ -207,7 +207,7 @@ def _eval_rollout(cfg: RunBase) -> RolloutConfig:
     """Rollout settings for the in-run evaluation: the run's own (rl, rft, dpo), else SFT's defaults."""
     spec = getattr(cfg, "rollout", None)
     if spec is not None:
-        return RolloutConfig(**spec.model_dump())
+        return spec.to_config()
     return RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
 
 

@@ -444,7 +444,7 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
     from trajtune.algorithms.grpo import add_ref_logprobs
     from trajtune.envs.base import make_env
     from trajtune.experience import IterativeSource
-    from trajtune.rollout import RolloutConfig, run_rollouts
+    from trajtune.rollout import run_rollouts
 
     assert ctx.out is not None
     d = cfg.dpo
@@ -471,10 +471,9 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
     assert cfg.env is not None
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
     tasks = make_env(env_name, **kwargs).tasks("train", d.n_tasks, seed=cfg.seed)
-    ro = RolloutConfig(**cfg.rollout.model_dump())
+    ro = cfg.rollout.to_config()
 
-    def factory() -> Any:
-        return make_env(env_name, **kwargs)
+    factory = cfg.rollout.env_factory(cfg.env)
 
     def mine_steps(it: int, model: Any, root: list[Any]) -> tuple[list[MinedPair], dict[str, int]]:
         by_task: dict[str, list[Any]] = defaultdict(list)

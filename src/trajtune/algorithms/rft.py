@@ -242,17 +242,14 @@ def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Reci
     from trajtune.algorithms.batch import fit_length
     from trajtune.algorithms.sft import SFTObjective
     from trajtune.experience import IterativeSource
-    from trajtune.rollout import RolloutConfig
     from trajtune.schema import Trajectory
 
     assert ctx.out is not None
     r = cfg.rft
-    ro = RolloutConfig(**cfg.rollout.model_dump())
-    env_name, kwargs = cfg.env.name, cfg.env.kwargs
+    ro = cfg.rollout.to_config()
     max_length = cfg.data.max_length if cfg.data else cfg.rollout.max_length
 
-    def env_factory() -> Any:
-        return make_env(env_name, **kwargs)
+    env_factory = cfg.rollout.env_factory(cfg.env)
 
     def mine(it: int, model: Any) -> tuple[list[Any], dict[str, float]]:
         seed = cfg.seed * 1_000_003 + 7_777 + it

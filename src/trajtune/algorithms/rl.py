@@ -132,11 +132,10 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> None:
 
 def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
     from trajtune.experience import RolloutSource, rl_transforms
-    from trajtune.rollout import RolloutConfig
 
     assert ctx.out is not None
     r = cfg.rl
-    ro = RolloutConfig(**cfg.rollout.model_dump())
+    ro = cfg.rollout.to_config()
     temperature = ro.temperature if ro.temperature > 0 else 1.0
     ref = ctx.load_reference() if r.kl_coef > 0 and ctx.load_reference else None
     tok = ctx.tokenizer
@@ -149,7 +148,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
     tasks = make_env(env_name, **kwargs).tasks("train", r.n_train_tasks, seed=cfg.seed)
     episodes_path = ctx.out / "rollouts.jsonl"
-    source = RolloutSource(tok, lambda: make_env(env_name, **kwargs), tasks, ro, r.tasks_per_step, r.group_size,
+    source = RolloutSource(tok, cfg.rollout.env_factory(cfg.env), tasks, ro, r.tasks_per_step, r.group_size,
                            per_round=per_round, per_batch=per_batch,
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,

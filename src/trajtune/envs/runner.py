@@ -43,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.envs.tools import error_observations
+from trajtune.errors import WorkerLost
 from trajtune.schema import Message, Outcome, Provenance, ToolSpec, Trajectory, fill_call_id
 
 Policy = Callable[[list[Message], list[ToolSpec]], Message]
@@ -152,6 +153,8 @@ def step_batch(envs: Sequence[Environment], actions: Sequence[Message], *, timeo
         if status == "ok":
             results.append(_validate_result(value, action))
         elif status == "error":
+            if isinstance(value, WorkerLost):  # the infrastructure, not the environment: stop the run
+                raise value
             results.append(_error_result(action, f"Error: {_describe(value)}", "env_error",
                                          exception=type(value).__name__))
         else:
