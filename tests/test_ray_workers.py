@@ -86,7 +86,9 @@ def _rl_cfg(tiny_dir, out, *extra):
                                             "rollout.max_turns=2", "rollout.max_new_tokens=16",
                                             "rollout.max_length=512", "rl.tasks_per_step=2", "rl.group_size=2",
                                             "rl.n_train_tasks=8", "train.steps=3", "train.lr=1e-3",
-                                            "train.save_every=1", "train.keep_last=5", *extra])
+                                            "train.save_every=1", "train.keep_last=5",
+                                            # the penalty on length gives rewards that differ within a group
+                                            "rl.overlong={max_length: 36, cache: 32}", *extra])
 
 
 def test_rl_on_ray_workers_equals_in_process_and_resumes_after_a_lost_worker(cluster, tiny_dir, tmp_path,

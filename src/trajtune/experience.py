@@ -2,14 +2,17 @@
 
 ``DatasetSource`` serves rendered trajectories (SFT, RFT); ``RolloutSource`` samples fresh groups
 from the current policy in an environment and applies the RL transforms (termination policy,
-group advantages, reference log-probs). Both are deterministic functions of the step index.
+group advantages, reference log-probs); ``OneStepAhead`` samples them one step ahead, in the
+background. All are deterministic functions of the step index.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +120,14 @@ class RolloutSource:
         return tts, episodes
 
     def batch(self, step: int, model: Any) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        kept, metrics, episodes = self.sample(step, model, step)
+        if self.on_episodes:
+            self.on_episodes(step, episodes)
+        return kept, metrics
+
+    def sample(self, step: int, model: Any, version: int) -> tuple[list[TokenTrajectory], dict[str, float], list[Any]]:
+        """Step ``step``'s experience from ``model``, the policy after ``version`` optimizer steps
+        (recorded on every episode as ``policy_version``), and the episodes themselves."""
         if not self.tasks:
             raise ValueError("no training tasks for RL")
         kept: list[TokenTrajectory] = []
@@ -126,6 +137,8 @@ class RolloutSource:
         target = self.min_groups
         while True:
             tts, episodes = self._round(step, rounds, model)
+            for e in episodes:
+                e.trajectory.metadata["policy_version"] = version
             rounds += 1
             all_eps += episodes
             if rounds == 1:  # the batch's behaviour metrics: the first round, as without dynamic sampling
@@ -150,8 +163,6 @@ class RolloutSource:
             groups = list(dict.fromkeys(t.group for t in kept))[:target]  # the first `target` groups
             kept = [t for t in kept if t.group in set(groups)]
             metrics["kept_groups"] = float(len(groups))
-        if self.on_episodes:
-            self.on_episodes(step, all_eps)
         for tr in self.per_batch:
             kept, m = tr(kept)
             metrics.update(m)
@@ -159,7 +170,74 @@ class RolloutSource:
             warnings.warn(f"step {step + 1}: {metrics['nonfinite_rewards']:.0f} episode(s) with a non-finite reward "
                           "(inf/NaN) were masked as env_error; check the environment's reward (metrics.jsonl: "
                           "nonfinite_rewards)", RuntimeWarning, stacklevel=2)
-        return kept, metrics
+        return kept, metrics, all_eps
+
+
+class OneStepAhead:
+    """Asynchronous rollouts with a staleness of one step (``rl.async_rollouts``).
+
+    While the learner trains step k, a background thread samples step k+1's experience from a
+    copy of the policy as it was before step k's update; step 0 is sampled in the foreground. So
+    step k ≥ 1 trains on episodes of policy version k−1 and the clipped objective's ratio is taken
+    against their stored sampling log-probs (the importance ratio to the sampling policy).
+
+    Exactness: what step k+1 gets is a function of (seed, step, policy version k), never of thread
+    timing; a checkpoint after step k waits for step k+1's experience and stores it, so a resumed
+    run trains on exactly what the uninterrupted one did. Episodes are handed to ``on_episodes`` when
+    their step consumes them, so logs of steps a killed run never trained are not written."""
+
+    def __init__(self, inner: RolloutSource, steps: int):
+        self.inner, self.steps = inner, steps
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="trajtune-rollouts")
+        self.pending: tuple[int, Future[Any]] | None = None
+        self.ready: dict[int, tuple[list[TokenTrajectory], dict[str, float], list[Any]]] = {}
+        self.shadow: Any = None
+
+    def _take(self, step: int) -> tuple[list[TokenTrajectory], dict[str, float], list[Any]] | None:
+        if self.pending is not None:
+            at, fut = self.pending
+            self.pending = None
+            got = fut.result()  # a rollout failure (a lost worker, an env bug) surfaces here
+            if at == step:
+                return got
+        return self.ready.pop(step, None)
+
+    def batch(self, step: int, model: Any) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        got = self._take(step)
+        version = step - 1 if got is not None else step
+        if got is None:  # step 0, or a resumed run whose checkpoint holds no prepared step
+            got = self.inner.sample(step, model, step)
+        if step + 1 < self.steps:
+            if self.shadow is None:
+                self.shadow = copy.deepcopy(model)
+            else:
+                self.shadow.load_state_dict(model.state_dict())
+            self.pending = (step + 1, self.pool.submit(self.inner.sample, step + 1, self.shadow, step))
+        kept, metrics, episodes = got
+        if self.inner.on_episodes:
+            self.inner.on_episodes(step, episodes)
+        return kept, {**metrics, "policy_lag": float(step - version)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The experience prepared for the next step (waits for it), for the checkpoint."""
+        if self.pending is not None:
+            at, fut = self.pending
+            self.pending = None
+            self.ready[at] = fut.result()
+        return {"ready": dict(self.ready)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.ready = dict(state["ready"])
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending[1].cancel()
+            try:
+                self.pending[1].result()
+            except BaseException:  # noqa: BLE001 - the run is over (or already failing); nothing to hand on
+                pass
+            self.pending = None
+        self.pool.shutdown(wait=True)
 
 
 def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, TerminationPolicy] | None = None,

@@ -185,12 +185,14 @@ class Learner:
         Rank 0 writes (every rank holds the same weights and optimizer state); the others wait."""
         dist.check_in_sync(self.params, self.step)
         final = self.ckpt_root / f"step-{self.step:06d}"
+        # a source that prepares experience ahead (async rollouts) stores it, so resume is exact
+        source_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
         if dist.is_main():
-            self._write_checkpoint(final)
+            self._write_checkpoint(final, source_state)
         dist.barrier()
         return final
 
-    def _write_checkpoint(self, final: Path) -> None:
+    def _write_checkpoint(self, final: Path, source_state: dict[str, Any] | None = None) -> None:
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt_root / f".tmp-step-{self.step:06d}-{os.getpid()}"
         if tmp.exists():
@@ -201,6 +203,8 @@ class Learner:
         self.tok.save_pretrained(tmp)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "rng": _rng_state()}, tmp / "trainer_state.pt")
+        if source_state is not None:
+            torch.save(source_state, tmp / "source_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
         normal_permissions(tmp)
         for f in tmp.iterdir():
@@ -264,6 +268,8 @@ class Learner:
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         _set_rng_state(st["rng"])
+        if (ckpt / "source_state.pt").exists() and hasattr(self.source, "load_state_dict"):
+            self.source.load_state_dict(torch.load(ckpt / "source_state.pt", weights_only=False))
         self.step = checkpoint_step(ckpt)
         self.apply_hyperparameters()
         if dist.is_main():
@@ -374,6 +380,13 @@ class Learner:
         return out
 
     def fit(self, progress: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
+        try:
+            return self._fit(progress)
+        finally:
+            if hasattr(self.source, "close"):  # a background sampler stops with the loop
+                self.source.close()
+
+    def _fit(self, progress: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
         set_seed(self.cfg.seed + self.step)
         last: dict[str, float] = {}
         done_here = 0

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.config import EnvRunBase, TrainSpec, _C
+from trajtune.errors import ConfigError
 from trajtune.envs.base import make_env
 
 
@@ -64,6 +65,10 @@ class RLSpec(_C):
     overlong: Overlong | None = Field(None, description="DAPO soft overlong penalty added to the reward")
     whitening: Literal["token", "trajectory"] = Field(
         "token", description="REINFORCE++ batch whitening statistics: over policy tokens (verl) or trajectories")
+    async_rollouts: bool = Field(
+        False, description="sample step k+1's rollouts in the background while step k trains (staleness 1: "
+                           "they come from the policy before step k's update; the clipped ratio is taken against "
+                           "their sampling log-probs); one process, a model the KV-cache sampler serves")
     masked_in_baseline: bool = Field(
         False, description="count masked episodes (env errors, timeouts, non-finite rewards) in their group's "
                            "baseline; by default they are left out, since they say nothing about the policy")
@@ -153,11 +158,28 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path))
+    if r.async_rollouts:
+        source = _one_step_ahead(source, cfg, ctx)
     objective = PolicyGradientObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation,
                                         r.norm_length, temperature)
     return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
                   epochs=r.ppo_epochs, mini_batches=r.mini_batches, step_logs=[episodes_path],
                   shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"))
+
+
+def _one_step_ahead(source: Any, cfg: RLRunConfig, ctx: RunContext) -> Any:
+    from trajtune import distributed as dist
+    from trajtune.experience import OneStepAhead
+    from trajtune.generation import supports
+
+    if dist.world_size() > 1:
+        raise ConfigError("rl.async_rollouts runs in one process (its background sampler would interleave "
+                          "collectives with training); drop it, or launch a single process")
+    if not (cfg.rollout.reuse_kv_cache and supports(ctx.model)):
+        raise ConfigError("rl.async_rollouts needs the KV-cache sampler (rollout.reuse_kv_cache: true and a model "
+                          "it serves, see docs/algorithms.md): generate()'s global random state would make the "
+                          "background rollouts depend on thread timing")
+    return OneStepAhead(source, cfg.train.steps)
 
 
 register_algorithm(Algorithm("rl", RLRunConfig, "online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++)",
