@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml Makefile
 	# bubblewrap gives the code sandbox its namespaces; without it (not root) the sandbox says which layers it lacks.
 	command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 		apt-get install -y -q bubblewrap || (apt-get update -q && apt-get install -y -q bubblewrap)
+	# Chromium and its driver (distribution packages) run the HTML report's browser tests.
+	command -v chromedriver >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		apt-get install -y -q chromium chromium-driver || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 || $(BIN)/pip install -q torch

@@ -215,6 +215,8 @@ class RunBase(_C):
     render: RenderSpec = Field(default_factory=RenderSpec)
     train: TrainSpec = Field(default_factory=TrainSpec)
     eval: EvalSpec | None = None
+    report: bool = Field(True, description="write OUTPUT_DIR/report.html (config, curves, eval tables, trajectory "
+                                           "viewer) when the run finishes; `trajtune report DIR` writes it any time")
 
     @model_validator(mode="before")
     @classmethod

@@ -197,6 +197,9 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     summary["wall_seconds"] = round(time.time() - t0, 1)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     atomic_write_text(out / "demo_config.yaml", dump_config_dict(p))
+    from trajtune.report import report_after_run
+
+    report_after_run(out, quiet=True)  # the evaluations side by side, their episodes in the viewer
     _print_summary(summary, out)
     return summary
 
@@ -236,4 +239,4 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
                        ("under-trained SFT + GRPO", "success_weak_after_rl")]:
         table.add_row(label, f"{s[key]:.1%}")
     console.print(table)
-    console.print(f"run directory: {out}   wall time: {s['wall_seconds']:.0f} s")
+    console.print(f"run directory: {out}   wall time: {s['wall_seconds']:.0f} s   report: {out / 'report.html'}")

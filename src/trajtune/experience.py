@@ -31,7 +31,7 @@ from trajtune.algorithms.grpo import (
     mark_nonfinite_rewards,
 )
 from trajtune.chat.render import ChatRenderer
-from trajtune.tokens import TokenTrajectory
+from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 from trajtune.envs.base import Environment, Task
 from trajtune.rollout import RolloutConfig, _round_seed, run_rollouts
 
@@ -166,6 +166,14 @@ class RolloutSource:
         for tr in self.per_batch:
             kept, m = tr(kept)
             metrics.update(m)
+        trained = {id(t) for t in kept}
+        for e in all_eps:  # what each episode was trained with (the report and rollouts.jsonl show it)
+            t = e.tokens
+            if id(t) in trained and t.advantages is not None:
+                e.trajectory.metadata["advantage"] = round(next(
+                    (a for a, w, s in zip(t.advantages, t.weight, t.source) if s == SOURCE_POLICY and w), 0.0), 6)
+            elif id(t) not in trained:
+                e.trajectory.metadata["trained"] = False
         if metrics.get("nonfinite_rewards"):
             warnings.warn(f"step {step + 1}: {metrics['nonfinite_rewards']:.0f} episode(s) with a non-finite reward "
                           "(inf/NaN) were masked as env_error; check the environment's reward (metrics.jsonl: "

@@ -346,4 +346,8 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
     atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))
     if not quiet:
         console.print(f"[green]{kind.upper()} done[/green]: {final}")
+    if cfg.report:
+        from trajtune.report import report_after_run
+
+        report_after_run(out, quiet)
     return result

@@ -82,6 +82,8 @@ def eval_(
                                                             "no summary table.")] = False,
     endpoint_model: Annotated[str, typer.Option(
         "--endpoint-model", help="With --model openai:URL: the model name sent to the endpoint.")] = "default",
+    report: Annotated[bool, typer.Option("--report/--no-report", help="With --out: write --out/report.html (see "
+                                                                      "`trajtune report`) at the end.")] = True,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -122,6 +124,10 @@ def eval_(
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
     if not quiet:
         console.print(summary_table(results))
+    if out is not None and report:
+        from trajtune.report import report_after_run
+
+        report_after_run(out, quiet)
     typer.echo(json.dumps(shown, indent=1, default=str, ensure_ascii=False))
 
 
