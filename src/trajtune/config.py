@@ -29,8 +29,11 @@ class _C(BaseModel):
 class ModelSpec(_C):
     name_or_path: str = Field(description="model alias (trajtune models list), .gguf file, saved Hugging Face "
                                           "directory or LoRA adapter, or hub id org/name")
-    lora: LoraConfig | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    lora: LoraConfig | None = Field(None, description="train LoRA adapters instead of every weight (the final "
+                                                     "directory is then an adapter on top of name_or_path)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights' dtype; auto: as stored (float32 for the tiny models, bfloat16 where a GGUF or "
+                            "checkpoint says so)")
     chat_template: str | None = Field(None, description="path to a Jinja chat template overriding the tokenizer's")
 
     @model_validator(mode="before")
@@ -40,13 +43,19 @@ class ModelSpec(_C):
 
 
 class DataSpec(_C):
-    path: str
+    path: str = Field(description="training data file (JSONL/JSON in any supported format; `trajtune data "
+                                  "validate` checks it)")
     format: str | None = Field(None, description="input format; auto-detected when omitted")
-    train_on: Literal["all", "last", "hint"] = "hint"
-    max_length: int = Field(2048, gt=8)
-    truncation: Literal["drop", "truncate", "error"] = "drop"
-    skip_invalid: bool = False
-    limit: int | None = Field(None, gt=0)
+    train_on: Literal["all", "last", "hint"] = Field(
+        "hint", description="which assistant turns carry loss: all, the last one, or as each message's train hint "
+                            "says (all when there is none)")
+    max_length: int = Field(2048, gt=8, description="tokens per sample at most; longer samples follow truncation")
+    truncation: Literal["drop", "truncate", "error"] = Field(
+        "drop", description="a sample over max_length: drop it (counted in result.json), cut it, or stop with an "
+                            "error naming it")
+    skip_invalid: bool = Field(False, description="skip records that fail validation (counted) instead of stopping "
+                                                  "at the first one")
+    limit: int | None = Field(None, gt=0, description="use only the first N records")
 
     @model_validator(mode="before")
     @classmethod
@@ -97,25 +106,31 @@ class RenderSpec(_C):
 
 
 class TrainSpec(_C):
-    steps: int = Field(100, gt=0)
-    lr: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "linear", "cosine"] = "cosine"
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    max_grad_norm: float = Field(1.0, gt=0)
+    steps: int = Field(100, gt=0, description="optimizer steps")
+    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 to lr over these steps")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "cosine", description="learning-rate decay after warm-up, down to lr × min_lr_ratio at the last step")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate as a fraction of lr (linear, "
+                                                             "cosine)")
+    max_grad_norm: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
     batch_size: int = Field(16, gt=0, description="sequences per optimizer step (SFT)")
-    micro_batch_size: int = Field(16, gt=0)
-    save_every: int = Field(0, ge=0)
-    keep_last: int = Field(2, gt=0)
-    eval_every: int = Field(0, ge=0)
+    micro_batch_size: int = Field(16, gt=0, description="rows per forward/backward pass; gradients accumulate over "
+                                                        "micro-batches with exact normalisation (the step is the same)")
+    save_every: int = Field(0, ge=0, description="write a resumable checkpoint every N steps (0: only the final "
+                                                 "model)")
+    keep_last: int = Field(2, gt=0, description="checkpoints kept; older ones are deleted")
+    eval_every: int = Field(0, ge=0, description="evaluate on eval.env every N steps (0: only at the end, when "
+                                                 "eval is set)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
                                                             "memory, about a third more compute")
     group_by_length: bool = Field(False, description="fill micro-batches with rows (units) of similar length, "
                                                      "so less padding is computed; the step's gradient is the same")
-    eaft: bool = False
-    eaft_top_k: int = Field(20, gt=1)
-    eaft_alpha: float = Field(1.0, ge=0)
+    eaft: bool = Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
+                                          "(docs/algorithms.md)")
+    eaft_top_k: int = Field(20, gt=1, description="EAFT: K, the candidates the entropy is taken over")
+    eaft_alpha: float = Field(1.0, ge=0, description="EAFT: α, the gate's strength")
 
     @model_validator(mode="after")
     def _no_ops(self) -> "TrainSpec":
@@ -133,8 +148,9 @@ class TrainSpec(_C):
 
 
 class EnvSpec(_C):
-    name: str
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description="a registered environment (trajtune envs list)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="arguments for the environment "
+                                                                     "(trajtune envs show NAME lists them)")
 
     @model_validator(mode="before")
     @classmethod
@@ -152,14 +168,16 @@ class RaySpec(_C):
 
 
 class RolloutSpec(_C):
-    max_turns: int = Field(8, gt=0)
-    max_new_tokens: int = Field(128, gt=0)
-    max_length: int = Field(2048, gt=8)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    max_turns: int = Field(8, gt=0, description="assistant turns per episode at most (termination max_turns)")
+    max_new_tokens: int = Field(128, gt=0, description="tokens per assistant turn at most (termination length)")
+    max_length: int = Field(2048, gt=8, description="tokens per episode at most, prompt included (termination "
+                                                    "context_overflow)")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
     parser: str = Field("auto", description="tool-call parser; auto: the one matching the render tool format")
-    batch_size: int = Field(32, gt=0)
-    step_timeout_s: float = Field(30.0, gt=0)
+    batch_size: int = Field(32, gt=0, description="episodes generated together; a finished one is replaced at once")
+    step_timeout_s: float = Field(30.0, gt=0, description="an environment step taking longer ends the episode "
+                                                          "(termination timeout)")
     reuse_kv_cache: bool = Field(True, description="keep each episode's KV cache across turns (encode only the new "
                                                    "tokens); false, or a model it cannot serve: generate() per turn")
     ray: RaySpec | None = Field(None, description="run the environments in Ray worker actors (docs/envs.md, Rollout "
@@ -188,11 +206,11 @@ class RolloutSpec(_C):
 
 class EvalSpec(_C):
     env: EnvSpec | None = Field(None, description="environment to evaluate on; an RL run defaults to its own env")
-    n_tasks: int = Field(64, gt=0)
-    n_samples: int = Field(1, gt=0)
-    k: list[int] = Field(default_factory=lambda: [1])
-    temperature: float = Field(0.0, ge=0)
-    seed: int = 0
+    n_tasks: int = Field(64, gt=0, description="held-out (test split) tasks")
+    n_samples: int = Field(1, gt=0, description="samples per task (for pass@k)")
+    k: list[int] = Field(default_factory=lambda: [1], description="pass@k values to report")
+    temperature: float = Field(0.0, ge=0, description="sampling temperature; 0: greedy")
+    seed: int = Field(0, description="seed of the test tasks and of sampling")
 
     @model_validator(mode="after")
     def _k(self) -> "EvalSpec":
@@ -208,13 +226,17 @@ class RunBase(_C):
     """What every training run has. An algorithm's config subclasses it and adds
     ``algorithm: Literal["<name>"] = "<name>"`` (the tag of the run-config union) and its sections."""
 
-    algorithm: str
-    model: ModelSpec
-    output_dir: str
-    seed: int = 0
-    render: RenderSpec = Field(default_factory=RenderSpec)
-    train: TrainSpec = Field(default_factory=TrainSpec)
-    eval: EvalSpec | None = None
+    algorithm: str = Field(description="what to train: sft, rl, rft, dpo (trajtune config show ALGORITHM)")
+    model: ModelSpec = Field(description="the model to start from (a string is short for model.name_or_path)")
+    output_dir: str = Field(description="the run directory; an existing one is refused unless --overwrite or "
+                                        "--resume")
+    seed: int = Field(0, description="seeds data order, tasks, sampling and initialisation: a run is a function "
+                                     "of its config")
+    render: RenderSpec = Field(default_factory=RenderSpec, description="how conversations become tokens (chat "
+                                                                       "template options)")
+    train: TrainSpec = Field(default_factory=TrainSpec, description="optimizer, schedule, batches, checkpoints")
+    eval: EvalSpec | None = Field(None, description="evaluate in an environment at the end (and every "
+                                                    "train.eval_every steps)")
     report: bool = Field(True, description="write OUTPUT_DIR/report.html (config, curves, eval tables, trajectory "
                                            "viewer) when the run finishes; `trajtune report DIR` writes it any time")
 
@@ -279,13 +301,17 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def _format_errors(e: ValidationError, source: str) -> str:
+def _format_errors(e: ValidationError, source: str, cls: type[BaseModel] | None = None) -> str:
+    from trajtune.config_docs import did_you_mean
+
     lines = [f"{source}: invalid configuration ({e.error_count()} problem{'s' if e.error_count() > 1 else ''}):"]
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see examples/ for valid configs)"
+            guess = did_you_mean(cls, tuple(err["loc"])) if cls is not None else None
+            msg = (f"unknown key; did you mean {'.'.join(map(str, err['loc'][:-1] + (guess,)))}?" if guess else
+                   "unknown key (check the spelling; `trajtune config show ALGORITHM` lists every key)")
         lines.append(f"  - {loc}: {msg}")
     return "\n".join(lines)
 
@@ -315,7 +341,7 @@ def validate_config(data: dict[str, Any], cls: type[BaseModel], source: str) -> 
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, source)) from None
+        raise ConfigError(_format_errors(e, source, cls)) from None
 
 
 def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[str] | None = None,
@@ -351,8 +377,8 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
 class EnvRunBase(RunBase):
     """A run that acts in an environment (rl, rft, dpo mined from rollouts)."""
 
-    env: EnvSpec
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    env: EnvSpec = Field(description="the environment to act in (a string is short for env.name)")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how episodes are sampled")
 
 
 class _RenderOnly(_C):
@@ -364,7 +390,7 @@ def load_render(options: dict[str, Any], source: str = "--set render.*") -> Rend
     try:
         return _RenderOnly.model_validate({"render": options}).render
     except ValidationError as e:
-        raise ConfigError(_format_errors(e, source)) from None
+        raise ConfigError(_format_errors(e, source, _RenderOnly)) from None
 
 
 def dump_config(cfg: BaseModel) -> str:

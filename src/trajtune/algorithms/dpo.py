@@ -381,10 +381,11 @@ class DPOSpec(_C):
 class DPORunConfig(RunBase):
     """``algorithm: dpo``: preference optimisation; ``train.batch_size`` counts pairs."""
 
-    algorithm: Literal["dpo"] = "dpo"
+    algorithm: Literal["dpo"] = Field("dpo", description="preference optimisation on trajectory or step pairs")
     env: EnvSpec | None = Field(None, description="environment to mine pairs in (when dpo.pairs is not given)")
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
-    dpo: DPOSpec = Field(default_factory=DPOSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how episodes are sampled when pairs "
+                                                                          "are mined")
+    dpo: DPOSpec = Field(default_factory=DPOSpec, description="loss, reference and where pairs come from")
 
     @model_validator(mode="after")
     def _source(self) -> "DPORunConfig":

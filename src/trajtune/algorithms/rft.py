@@ -190,10 +190,10 @@ class RFTRunConfig(EnvRunBase):
     """``algorithm: rft``: rejection-sampling fine-tuning on the policy's own verified successes
     (plus expert data, plus EEF segments), re-mined every iteration."""
 
-    algorithm: Literal["rft"] = "rft"
+    algorithm: Literal["rft"] = Field("rft", description="rejection-sampling fine-tuning on own verified attempts")
     data: DataSpec | None = Field(None, description="expert trajectories trained every iteration (and, with "
                                                     "rft.eef, the source of failed expert trajectories)")
-    rft: RFTSpec = Field(default_factory=RFTSpec)
+    rft: RFTSpec = Field(default_factory=RFTSpec, description="attempts, filtering and iterations")
 
     @model_validator(mode="after")
     def _steps(self) -> "RFTRunConfig":

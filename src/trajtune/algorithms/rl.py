@@ -45,18 +45,28 @@ class Overlong(BaseModel):
 
 
 class RLSpec(_C):
-    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
-    tasks_per_step: int = Field(8, gt=0)
-    group_size: int = Field(8, gt=0)
-    n_train_tasks: int = Field(1024, gt=0)
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
-    norm_length: float = Field(1024.0, gt=0)
-    drop_equal_groups: bool = False
-    termination: dict[str, Literal["keep", "zero_reward", "mask", "drop"]] = Field(default_factory=dict)
+    estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
+        "grpo", description="advantage estimator (docs/algorithms.md): grpo (group mean/std), dr_grpo (group "
+                            "mean), rloo (leave-one-out), reinforce_pp (batch whitening), reinforce_pp_baseline")
+    tasks_per_step: int = Field(8, gt=0, description="training tasks per step (groups)")
+    group_size: int = Field(8, gt=0, description="episodes sampled per task; advantages compare within a group")
+    n_train_tasks: int = Field(1024, gt=0, description="training tasks drawn from the environment, cycled over "
+                                                       "the steps")
+    clip_low: float = Field(0.2, ge=0, description="ε_low: the ratio is clipped below at 1 − ε_low")
+    clip_high: float = Field(0.28, ge=0, description="ε_high: the ratio is clipped above at 1 + ε_high (DAPO "
+                                                     "clip-higher)")
+    kl_coef: float = Field(0.0, ge=0, description="β of a KL penalty to the frozen starting model (0: none, "
+                                                  "and no reference model is loaded)")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="the KL estimator (with kl_coef > 0)")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
+        "token_mean", description="how token losses are averaged (docs/algorithms.md, Objective)")
+    norm_length: float = Field(1024.0, gt=0, description="the constant length of seq_mean_token_sum_norm "
+                                                         "(Dr. GRPO)")
+    drop_equal_groups: bool = Field(False, description="leave out groups whose rewards are all equal (zero "
+                                                       "advantage)")
+    termination: dict[str, Literal["keep", "zero_reward", "mask", "drop"]] = Field(
+        default_factory=dict, description="per termination (length, max_turns, timeout, env_error, ...): keep the "
+                                          "episode, give it reward 0, mask its loss, or drop it")
     ppo_epochs: int = Field(1, gt=0, description="passes over each rollout batch")
     mini_batches: int = Field(1, gt=0, description="optimizer updates per pass (whole groups per mini-batch)")
     dynamic_sampling: DynamicSampling | None = Field(
@@ -104,8 +114,8 @@ class RLSpec(_C):
 class RLRunConfig(EnvRunBase):
     """``algorithm: rl``: online RL in an environment."""
 
-    algorithm: Literal["rl"] = "rl"
-    rl: RLSpec = Field(default_factory=RLSpec)
+    algorithm: Literal["rl"] = Field("rl", description="online multi-turn RL")
+    rl: RLSpec = Field(default_factory=RLSpec, description="estimator, group sampling and the objective")
 
     @field_validator("train")
     @classmethod

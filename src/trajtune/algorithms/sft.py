@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from pydantic import Field
 
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, selected_logits
@@ -70,8 +71,8 @@ class SFTObjective:
 class SFTRunConfig(RunBase):
     """``algorithm: sft``: supervised fine-tuning on trajectories from a file (any supported format)."""
 
-    algorithm: Literal["sft"] = "sft"
-    data: DataSpec
+    algorithm: Literal["sft"] = Field("sft", description="supervised fine-tuning on trajectories")
+    data: DataSpec = Field(description="the training trajectories")
 
 
 def render_training_data(trajs: list[Any], renderer: Any, path: str, max_length: int,

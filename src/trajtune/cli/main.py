@@ -14,11 +14,12 @@ from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, TyperOption
 from typer.exceptions import TyperException
 
 from trajtune import __version__
 from trajtune.cli import run as _run
+from trajtune.cli.config_cmd import config_app
 from trajtune.cli.data import data_app
 from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
@@ -53,6 +54,18 @@ def report_error(e: BaseException, debug: bool) -> int:
 # whose exceptions derive from TyperException), and a closed stdout (`trajtune ... | head`).
 _PASS_THROUGH = (typer.Exit, typer.Abort, TyperException, click.exceptions.Exit, click.ClickException,
                  click.exceptions.Abort, SystemExit, BrokenPipeError)
+
+
+_display_type = TyperOption.display_type_rich
+
+
+def _flag_aware_display_type(self: TyperOption, ctx: click.Context) -> str | None:
+    """Help shows an option's value type (<int>, <path>); a flag takes no value, so it shows none
+    (typer prints <bool>, which reads as if `--resume true` were expected)."""
+    return None if self.is_flag else _display_type(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_aware_display_type  # type: ignore[method-assign]
 
 
 class TrajtuneGroup(TyperGroup):
@@ -105,6 +118,7 @@ app.add_typer(data_app, name="data",
               help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
 app.add_typer(envs_app, name="envs")
 app.add_typer(models_app, name="models")
+app.add_typer(config_app, name="config")
 
 
 def main() -> None:

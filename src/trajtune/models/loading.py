@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.models.errors import ModelLoadError
 from trajtune.models.resolve import resolve_model
@@ -22,10 +22,12 @@ __all__ = ["LoraConfig", "ModelLoadError", "load_model", "load_tokenizer", "reso
 
 class LoraConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] | str = "all-linear"
+    r: int = Field(8, gt=0, description="LoRA rank: the width of the low-rank update")
+    alpha: int = Field(16, gt=0, description="LoRA scaling numerator: the update is scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input during training")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="module names to adapt (e.g. [q_proj, v_proj]), or all-linear: every linear "
+                                  "layer except the output head")
 
 
 def _quiet_transformers() -> None:
