@@ -155,7 +155,52 @@ class EnvSpec(_C):
     @model_validator(mode="before")
     @classmethod
     def _shorthand(cls, v: Any) -> Any:
-        return {"name": v} if isinstance(v, str) else v
+        """``env: NAME`` → {name}; ``{python_tools: REF}``, ``{gym: ID}``, ``{mcp: {...}}`` → the factory of that
+        name with the value as its arguments (envs/adapters/from_config.py)."""
+        if isinstance(v, str):
+            return {"name": v}
+        if isinstance(v, dict):
+            forms = [k for k in ("python_tools", "gym", "mcp") if k in v]
+            if len(forms) > 1:
+                raise ValueError(f"env: give one of python_tools, gym, mcp, not {forms}")
+            if forms:
+                form = forms[0]
+                if "name" in v:
+                    raise ValueError(f"env: {form} and name exclude each other")
+                rest = set(v) - {form, "kwargs"}
+                if rest:
+                    raise ValueError(f"env.{form}: unknown key(s) {sorted(rest)}; put arguments under "
+                                     f"env.{form} (mcp) or env.kwargs")
+                value = v[form]
+                first = {"python_tools": "toolbox", "gym": "id", "mcp": "command"}[form]
+                args = dict(value) if isinstance(value, dict) else {first: value}
+                return {"name": form, "kwargs": {**args, **(v.get("kwargs") or {})}}
+        return v
+
+
+def env_from_cli(value: str, kwargs: dict[str, Any] | None = None) -> EnvSpec:
+    """``--env``: a name or ``module:Class``, an inline YAML mapping (``'{gym: mymod:Game}'``), or a YAML
+    file holding one (or a run config's ``env:`` section); ``--env-arg`` pairs are added to its kwargs."""
+    spec: Any = value
+    path = Path(value)
+    if value.endswith((".yaml", ".yml")):
+        require_input(path, "--env")
+        try:
+            spec = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--env {path}: not valid YAML: {e}") from None
+        if isinstance(spec, dict) and "env" in spec:
+            spec = spec["env"]
+    elif value.lstrip().startswith("{"):
+        try:
+            spec = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--env {value!r}: not a valid YAML mapping: {e}") from None
+    try:
+        env = EnvSpec.model_validate(spec)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, f"--env {value}", EnvSpec)) from None
+    return EnvSpec(name=env.name, kwargs={**env.kwargs, **(kwargs or {})})
 
 
 class RaySpec(_C):

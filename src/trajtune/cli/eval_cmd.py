@@ -44,7 +44,9 @@ def render_overrides(items: list[str] | None) -> dict[str, Any]:
 
 def eval_(
     model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir), or openai:URL for an OpenAI-compatible endpoint.")],
-    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment name (see `trajtune envs list`).")] = None,
+    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
+                                                "'{gym: mymod:Game}' / '{mcp: {command: [python, srv.py], tasks_file: t.jsonl}}' / "
+                                                "'{python_tools: mymod:Tools, kwargs: {...}}', or a YAML file with one (docs/envs.md).")] = None,
     benchmark: Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark: bfcl or textworld.")] = None,
     categories: Annotated[Optional[str], typer.Option(
         "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
@@ -100,10 +102,16 @@ def eval_(
 
     if (resume or overwrite) and out is None:
         raise UsageError("--resume and --overwrite act on --out; give --out DIR")
+    env_kwargs = _env_kwargs(env_arg)
+    if env is not None:
+        from trajtune.config import env_from_cli
+
+        spec = env_from_cli(env, env_kwargs)
+        env, env_kwargs = spec.name, spec.kwargs
     settings = EvalSettings(
         model=model, env=env, benchmark=benchmark,
         categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
-        env_kwargs=_env_kwargs(env_arg), tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
+        env_kwargs=env_kwargs, tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render_overrides(set_))

@@ -13,7 +13,9 @@ import typer
 
 
 def generate(
-    env: Annotated[str, typer.Option("--env", help="Environment name (see `trajtune envs list`).")],
+    env: Annotated[str, typer.Option("--env", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
+                                                "'{gym: mymod:Game}' / '{mcp: {command: [python, srv.py], tasks_file: t.jsonl}}' / "
+                                                "'{python_tools: mymod:Tools, kwargs: {...}}', or a YAML file with one (docs/envs.md).")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file (IR trajectories).")],
     n: Annotated[int, typer.Option("--n", min=1, help="Number of tasks (one expert trajectory each).")] = 100,
     split: Annotated[str, typer.Option(help="Task split: train or test (their task seeds never overlap).")] = "train",
@@ -40,11 +42,13 @@ def generate(
     Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
     from trajtune.cli.eval_cmd import _env_kwargs
+    from trajtune.config import env_from_cli
     from trajtune.envs import make_env
     from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
     from trajtune.schema import AtomicJsonlWriter
 
-    kwargs = _env_kwargs(env_arg)
+    spec = env_from_cli(env, _env_kwargs(env_arg))
+    env, kwargs = spec.name, spec.kwargs
     probe = make_env(env, **kwargs)  # an unknown name or argument is an EnvError naming the known ones
     if split not in ("train", "test"):
         raise UsageError(f"--split must be train or test, got {split!r}")

@@ -127,12 +127,17 @@ def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
     return deco
 
 
-def make_env(name: str, **kwargs: Any) -> Environment:
+def make_env(name: str, /, **kwargs: Any) -> Environment:
     from trajtune import envs as _envs  # noqa: F401  (registers the built-ins)
 
+    if name not in _REGISTRY and ":" in name:  # module:Class / module:factory (envs/adapters/from_config.py)
+        from trajtune.envs.adapters.from_config import make_from_ref
+
+        return make_from_ref(name, **kwargs)
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
-        raise UnknownEnvError(f"unknown environment {name!r}; known environments: {known}")
+        raise UnknownEnvError(f"unknown environment {name!r}; known environments: {known}; or give module:Class, "
+                              "{python_tools: module:ToolClass}, {gym: ID} or {mcp: {command: [...]}} (docs/envs.md)")
     factory = _REGISTRY[name]
     try:  # wrong arguments (e.g. a typo in --env-arg / env.kwargs) are the user's, not a bug
         inspect.signature(factory).bind(**kwargs)

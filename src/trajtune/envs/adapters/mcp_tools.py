@@ -161,8 +161,9 @@ class MCPToolsEnv(Environment):
                  reward_fn: Callable[[MCPClient, Task], float] | None = None,
                  success_fn: Callable[[MCPClient, Task], bool] | None = None,
                  reset_tool: str | None = None, name: str = "mcp", max_turns: int = 8,
-                 env: dict[str, str] | None = None, call_timeout_s: float = 30.0):
-        self.client = MCPClient(command, env=env, call_timeout_s=call_timeout_s)
+                 env: dict[str, str] | None = None, call_timeout_s: float = 30.0, client: MCPClient | None = None):
+        # ``client``: a running server to use instead of starting one (a pool of them, from_config.py)
+        self.client = client or MCPClient(command, env=env, call_timeout_s=call_timeout_s)
         self.name = name
         self.max_turns = max_turns
         self._tasks = list(tasks)

@@ -1,0 +1,76 @@
+"""Objects that configs in the tests name as module:attr (tests/ is on sys.path under pytest)."""
+
+from __future__ import annotations
+
+MCP_SERVER = '''
+try:
+    from mcp.server.mcpserver import MCPServer as Server   # mcp 2.x
+except ImportError:
+    from mcp.server.fastmcp import FastMCP as Server       # mcp 1.x
+server = Server("counter")
+STATE = {"n": 0}
+
+@server.tool()
+def add(amount: int) -> str:
+    """Add an amount to the counter."""
+    STATE["n"] += amount
+    return f"counter is {STATE['n']}"
+
+@server.tool()
+def get() -> int:
+    """Read the counter."""
+    return STATE["n"]
+
+@server.tool()
+def reset() -> str:
+    """Reset the counter to zero."""
+    STATE["n"] = 0
+    return "ok"
+
+if __name__ == "__main__":
+    server.run()
+'''
+
+
+def counter_is_target(client, task) -> float:
+    text, _ = client.call_tool("get", {})
+    return float(int(text) == int(task.data["target"]))
+
+
+def counter_reached(client, task) -> bool:
+    return counter_is_target(client, task) == 1.0
+
+
+class GuessGame:
+    """A gymnasium-style text game: guess a number 0-9 picked by the seed; 4 guesses."""
+
+    def reset(self, seed=None, options=None):
+        self.secret, self.n = (seed or 0) % 10, 0
+        return "Guess a number from 0 to 9.", {}
+
+    def step(self, action):
+        self.n += 1
+        guess = int(action) if action.strip().isdigit() else -1
+        if guess == self.secret:
+            return "correct", 1.0, True, False, {"won": True}
+        return ("higher" if guess < self.secret else "lower"), 0.0, False, self.n >= 4, {"won": False}
+
+
+class Bank:
+    """A bank account."""
+
+    def __init__(self, task=None):
+        self.balance = 0
+
+    def deposit(self, amount: int) -> str:
+        """Deposit money.
+
+        Args:
+            amount: how much
+        """
+        self.balance += amount
+        return f"balance {self.balance}"
+
+
+def bank_reward(bank, task) -> float:
+    return float(bank.balance == task.data["target"])
