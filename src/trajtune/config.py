@@ -282,6 +282,10 @@ class RunBase(_C):
     train: TrainSpec = Field(default_factory=TrainSpec, description="optimizer, schedule, batches, checkpoints")
     eval: EvalSpec | None = Field(None, description="evaluate in an environment at the end (and every "
                                                     "train.eval_every steps)")
+    tracking: list[Literal["tensorboard", "trackio", "wandb"]] = Field(
+        default_factory=list, description="mirror metrics, config and the final eval to these trackers (the "
+                                          "tracking extra): tensorboard and wandb (offline) write under "
+                                          "output_dir, trackio to its local database")
     report: bool = Field(True, description="write OUTPUT_DIR/report.html (config, curves, eval tables, trajectory "
                                            "viewer) when the run finishes; `trajtune report DIR` writes it any time")
 
@@ -293,6 +297,13 @@ class RunBase(_C):
         if isinstance(v, dict) and isinstance(v.get("eval"), dict) and v["eval"].get("env") is None \
                 and v.get("env") is not None:
             v = {**v, "eval": {**v["eval"], "env": v["env"]}}
+        return v
+
+    @field_validator("tracking")
+    @classmethod
+    def _once(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"tracking lists a backend twice: {v}")
         return v
 
     @model_validator(mode="after")

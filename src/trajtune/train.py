@@ -235,6 +235,10 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     kind = algo.name
     dist.init()
     quiet = quiet or not dist.is_main()
+    if cfg.tracking:
+        from trajtune.tracking import check_installed
+
+        check_installed(cfg.tracking)  # before anything is written or loaded
     st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
     dist.barrier()  # every rank has checked the directory before rank 0 changes it
     if st.status == "finished":
@@ -262,10 +266,22 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     ctx.load_reference = reference
     recipe = algo.build(cfg, ctx, prepared)
     hook = _eval_hook(cfg, tok, renderer, _eval_rollout(cfg))
+    tracker = None
+    if cfg.tracking and dist.is_main():
+        from trajtune.tracking import Tracker
+
+        tracker = Tracker(cfg.tracking, out, cfg.model_dump(mode="json"))
     learner = Learner(ctx.model, tok, recipe.objective, recipe.source, learner_config(cfg, recipe), out,
-                      eval_hook=hook, stop_after=stop_after)
+                      eval_hook=hook, stop_after=stop_after, on_step=tracker.log if tracker else None)
     learner.step_logs.extend(recipe.step_logs)
-    return _train_and_finish(learner, cfg, out, kind, st, quiet, hook, recipe)
+    try:
+        result = _train_and_finish(learner, cfg, out, kind, st, quiet, hook, recipe)
+        if tracker is not None and isinstance(result.get("eval"), dict):
+            tracker.log_table("final_eval", learner.step, result["eval"])
+        return result
+    finally:
+        if tracker is not None:
+            tracker.finish()
 
 
 def run_sft(cfg: Any, **kwargs: Any) -> dict[str, Any]:
