@@ -49,6 +49,10 @@ class DataSpec(_C):
     train_on: Literal["all", "last", "hint"] = Field(
         "hint", description="which assistant turns carry loss: all, the last one, or as each message's train hint "
                             "says (all when there is none)")
+    mask_errors: bool = Field(False, description="error-masked SFT: an assistant turn that made an invalid call, drew "
+                                                 "an error observation or carries a verifier flag stays in context "
+                                                 "with weight 0; later turns (the recovery) are trained "
+                                                 "(docs/algorithms.md)")
     max_length: int = Field(2048, gt=8, description="tokens per sample at most; longer samples follow truncation")
     truncation: Literal["drop", "truncate", "error"] = Field(
         "drop", description="a sample over max_length: drop it (counted in result.json), cut it, or stop with an "

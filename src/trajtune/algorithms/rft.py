@@ -200,13 +200,16 @@ class RFTRunConfig(EnvRunBase):
         if self.train.steps % self.rft.iterations:
             raise ValueError(f"train.steps ({self.train.steps}) must be a multiple of rft.iterations "
                              f"({self.rft.iterations}): each iteration trains the same number of steps")
+        if self.data is not None and self.data.mask_errors and self.data.train_on == "last":
+            raise ValueError("data.mask_errors with data.train_on: last is not supported by rft (the policy's own "
+                             "attempts would then train every turn); use train_on: all or hint")
         if self.rft.eef and self.data is None:
             raise ValueError("rft.eef needs data.path: the expert trajectories whose failures are mined")
         return self
 
 
 def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
-    from trajtune.algorithms.sft import load_records, render_training_data
+    from trajtune.algorithms.sft import load_records, mask_errors, render_training_data
 
     env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment
     if cfg.rft.eef and not env.deterministic:
@@ -220,6 +223,9 @@ def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
     if cfg.data is not None:
         require_input(cfg.data.path, "data.path")
         trajs, load = load_records(cfg.data)
+        trajs, masked = mask_errors(trajs, cfg.data)
+        if masked:
+            counts["error_turns_masked"] = masked
         experts = [t for t in trajs if not (t.outcome is not None and t.outcome.success is False)]
         by_id = {t.id: t for t in tasks}
         if cfg.rft.eef:

@@ -137,14 +137,32 @@ def load_records(spec: DataSpec) -> tuple[list[Any], Any]:
     return trajs, load
 
 
+def mask_errors(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, int]]:
+    """``data.mask_errors``: error turns keep their context and lose their weight (error_mask.py);
+    returns the rewritten records and the masked turns by reason (for result.json)."""
+    if not spec.mask_errors:
+        return trajs, {}
+    from trajtune.algorithms.error_mask import mask_error_turns
+
+    total: Counter = Counter()
+    out = []
+    for t in trajs:
+        t2, masked = mask_error_turns(t, spec.train_on)
+        total.update(masked)
+        out.append(t2)
+    return out, dict(sorted(total.items()))
+
+
 def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory], dict[str, Any]]:
     require_input(cfg.data.path, "data.path")
     trajs, load = load_records(cfg.data)
+    trajs, masked = mask_errors(trajs, cfg.data)
     tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length, cfg.data.truncation,
                                        ctx.quiet)
     return tts, {"train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
                  "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
-                 "dropped_records": counts["dropped_records"]}
+                 "dropped_records": counts["dropped_records"],
+                 **({"error_turns_masked": masked} if cfg.data.mask_errors else {})}
 
 
 def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:
