@@ -26,6 +26,7 @@ from trajtune.algorithms.grpo import (
     apply_overlong_penalty,
     apply_termination_policy,
     assign_advantages,
+    assign_turn_advantages,
     groups_of,
     is_informative,
     mark_nonfinite_rewards,
@@ -172,6 +173,8 @@ class RolloutSource:
             if id(t) in trained and t.advantages is not None:
                 e.trajectory.metadata["advantage"] = round(next(
                     (a for a, w, s in zip(t.advantages, t.weight, t.source) if s == SOURCE_POLICY and w), 0.0), 6)
+                if "turn_advantages" in t.meta:
+                    e.trajectory.metadata["turn_advantages"] = t.meta["turn_advantages"]
             elif id(t) not in trained:
                 e.trajectory.metadata["trained"] = False
         if metrics.get("nonfinite_rewards"):
@@ -251,7 +254,8 @@ class OneStepAhead:
 def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, TerminationPolicy] | None = None,
                   drop_equal_groups: bool = False, whitening: Whitening = "token", masked_in_baseline: bool = False,
                   overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
-                  temperature: float = 1.0) -> tuple[list[Transform], list[Transform]]:
+                  temperature: float = 1.0, credit: str = "episode",
+                  gamma: float = 1.0) -> tuple[list[Transform], list[Transform]]:
     """The RL transform lists, in order: (per round) non-finite rewards → termination policy →
     overlong penalty → informative-group filter; (per batch) group advantages → reference log-probs."""
 
@@ -272,7 +276,10 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
         return [t for t in tts if (t.group or t.traj_id) in keep], {"equal_reward_groups": float(len(groups) - len(keep))}
 
     def advantages(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
+        if credit == "turn":
+            kept, m = assign_turn_advantages(tts, estimator, gamma, masked_in_baseline)  # type: ignore[arg-type]
+        else:
+            kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
         skip = {"nonfinite_rewards"} | ({"equal_reward_groups"} if drop_equal_groups else set())
         return kept, {k: v for k, v in m.items() if k not in skip}
 

@@ -292,7 +292,9 @@ def _finish(e: _Live) -> Episode:
         ids=e.ids, source=e.source, turn=e.turn,
         weight=[1.0 if s == SOURCE_POLICY else 0.0 for s in e.source],
         logprobs=e.logprobs, traj_id=e.task.id, reward=e.reward, success=success, termination=e.termination,
-        meta={"format_errors": e.format_errors, "turns": e.turns},
+        meta={"format_errors": e.format_errors, "turns": e.turns,
+              # each assistant turn's own reward, in turn order (turn-level credit reads it)
+              "turn_rewards": [float(m.reward or 0.0) for m in e.messages if m.role == "assistant"]},
     )
     tt.check()
     if any(math.isnan(x) for x in e.logprobs):

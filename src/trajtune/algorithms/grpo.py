@@ -187,6 +187,57 @@ def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
                   "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
 
 
+def turn_returns(t: TokenTrajectory, gamma: float) -> list[float]:
+    """G_k = Σ_{j≥k} γ^{j−k} r_j over the episode's assistant turns (``meta['turn_rewards']``).
+
+    Changes made to the episode's reward after the rollout (termination policy, overlong penalty)
+    land on the last turn, the one that ended the episode: with γ = 1, G_0 is the episode reward."""
+    n = max((k for k, s in zip(t.turn, t.source) if s == SOURCE_POLICY), default=-1) + 1
+    r = [float(x) for x in t.meta.get("turn_rewards", [])][:n]
+    r += [0.0] * (n - len(r))
+    if not r:
+        return []
+    r[-1] += float(t.reward or 0.0) - sum(float(x) for x in t.meta.get("turn_rewards", [])[:n])
+    out = [0.0] * n
+    acc = 0.0
+    for k in range(n - 1, -1, -1):
+        acc = r[k] + gamma * acc
+        out[k] = acc
+    return out
+
+
+def assign_turn_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo", gamma: float = 1.0,
+                           masked_in_baseline: bool = False) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    """Turn-level credit: each turn's return G_k is compared with the returns of the group's other
+    episodes at the same depth k (the same estimator as episode-level: GRPO mean/std, Dr. GRPO
+    mean, RLOO leave-one-out), and the result goes to that turn's policy tokens. A depth only one
+    episode reached gets 0. Masked episodes get 0 and, unless ``masked_in_baseline``, stay out of
+    the statistics."""
+    tts, n_nonfinite = mark_nonfinite_rewards(tts)
+    groups = groups_of(tts)
+    n_equal = 0
+    for members in groups.values():
+        returns = {id(t): turn_returns(t, gamma) for t in members}
+        base = [t for t in members if masked_in_baseline or not t.meta.get("masked")]
+        rewards = [float(t.reward or 0.0) for t in base]
+        if not rewards or max(rewards) == min(rewards):
+            n_equal += 1
+        depth = max((len(v) for v in returns.values()), default=0)
+        adv: dict[int, list[float]] = {id(t): [0.0] * len(returns[id(t)]) for t in members}
+        for k in range(depth):
+            at_k = [t for t in base if len(returns[id(t)]) > k]
+            for t, a in zip(at_k, group_advantages([returns[id(t)][k] for t in at_k], estimator)):
+                adv[id(t)][k] = a
+        for t in members:
+            a_t = adv[id(t)]
+            t.advantages = [0.0 if t.meta.get("masked") or s != SOURCE_POLICY or k >= len(a_t) else a_t[k]
+                            for s, k in zip(t.source, t.turn)]
+            t.meta["turn_advantages"] = [0.0 if t.meta.get("masked") else round(a, 6) for a in a_t]
+    return tts, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal),
+                 "nonfinite_rewards": float(n_nonfinite),
+                 "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
+
+
 @dataclass
 class PolicyGradientObjective:
     """Clipped surrogate ℓ_t = max(−A ρ, −A clip(ρ, 1−ε_low, 1+ε_high)), log ρ clamped to [−20, 20],

@@ -79,6 +79,11 @@ class RLSpec(_C):
         False, description="sample step k+1's rollouts in the background while step k trains (staleness 1: "
                            "they come from the policy before step k's update; the clipped ratio is taken against "
                            "their sampling log-probs); one process, a model the KV-cache sampler serves")
+    credit: Literal["episode", "turn"] = Field(
+        "episode", description="episode: the episode reward's advantage on every policy token; turn: each turn's "
+                               "discounted return compared across the group's turns at the same depth (per-turn "
+                               "rewards from the environment; docs/algorithms.md, Turn-level credit)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn)")
     masked_in_baseline: bool = Field(
         False, description="count masked episodes (env errors, timeouts, non-finite rewards) in their group's "
                            "baseline; by default they are left out, since they say nothing about the policy")
@@ -103,6 +108,11 @@ class RLSpec(_C):
             raise ValueError(f"rl.group_size 1 gives zero advantages with estimator {self.estimator}; use >= 2")
         if self.group_size == 1 and (self.drop_equal_groups or self.dynamic_sampling is not None):
             raise ValueError("rl.drop_equal_groups / rl.dynamic_sampling with group_size 1 would drop every group")
+        if "gamma" in s and self.credit != "turn":
+            raise ValueError("rl.gamma only applies to credit: turn")
+        if self.credit == "turn" and self.estimator.startswith("reinforce_pp"):
+            raise ValueError("rl.credit: turn works with the group estimators (grpo, dr_grpo, rloo), not "
+                             f"{self.estimator}")
         if "whitening" in s and not self.estimator.startswith("reinforce_pp"):
             raise ValueError("rl.whitening only applies to the reinforce_pp estimators")
         if self.mini_batches > self.tasks_per_step:
@@ -157,7 +167,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
     per_round, per_batch = rl_transforms(
         estimator=r.estimator, termination=dict(r.termination),
         drop_equal_groups=r.drop_equal_groups or r.dynamic_sampling is not None, whitening=r.whitening,
-        masked_in_baseline=r.masked_in_baseline,
+        masked_in_baseline=r.masked_in_baseline, credit=r.credit, gamma=r.gamma,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
         ref_model=ref, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, temperature=temperature)
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
