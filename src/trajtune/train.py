@@ -263,7 +263,7 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     recipe = algo.build(cfg, ctx, prepared)
     hook = _eval_hook(cfg, tok, renderer, _eval_rollout(cfg))
     learner = Learner(ctx.model, tok, recipe.objective, recipe.source, learner_config(cfg, recipe), out,
-                      eval_hook=hook, stop_after=stop_after)
+                      eval_hook=hook, on_weights=recipe.on_weights, stop_after=stop_after)
     learner.step_logs.extend(recipe.step_logs)
     return _train_and_finish(learner, cfg, out, kind, st, quiet, hook, recipe)
 
