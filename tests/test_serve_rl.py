@@ -167,6 +167,21 @@ def test_rl_through_the_server_stores_what_it_sampled_and_keeps_it_on_the_policy
     assert not list((out / "server").glob(".*tmp*"))  # written atomically: no temporary file left
 
 
+def test_a_killed_run_through_the_server_resumes_to_the_uninterrupted_result(served, tiny_dir, tmp_path):
+    """The resumed run pushes its checkpoint's weights before sampling again, so the server, which
+    meanwhile holds other weights (a later policy of another run), samples what it sampled then."""
+    url, service = served
+    server = f"rollout.server={url}"
+    run(_rl_cfg(tiny_dir, tmp_path / "whole", server, "train.save_every=1"), quiet=True)
+    run(_rl_cfg(tiny_dir, tmp_path / "k", server, "train.save_every=1"), quiet=True, stop_after=1)
+    run(_rl_cfg(tiny_dir, tmp_path / "other", server, "train.steps=3", "seed=7"), quiet=True)  # moves the server
+    run(_rl_cfg(tiny_dir, tmp_path / "k", server, "train.save_every=1"), quiet=True, resume=True)
+    assert (tmp_path / "k" / "rollouts.jsonl").read_text() == (tmp_path / "whole" / "rollouts.jsonl").read_text()
+    a, b = load_file(tmp_path / "k" / "final" / "model.safetensors"), load_file(
+        tmp_path / "whole" / "final" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_an_unreachable_server_fails_early_with_its_url(tiny_dir, tmp_path):
     with pytest.raises(ServerError, match=r"cannot reach the generation server at http://127\.0\.0\.1:9/"):
         ServerClient("http://127.0.0.1:9/v1", timeout_s=5).info()
@@ -175,6 +190,15 @@ def test_an_unreachable_server_fails_early_with_its_url(tiny_dir, tmp_path):
         run(_rl_cfg(tiny_dir, out, "rollout.server=http://127.0.0.1:9"), quiet=True)
     assert not out.exists()  # refused before the run directory is written
     assert ServerError.exit_code == 8 and 8 in EXIT_CODES
+    from typer.testing import CliRunner
+
+    from trajtune.cli.main import app
+
+    cfg = tmp_path / "rl.yaml"
+    cfg.write_text(f"model: {tiny_dir}\noutput_dir: {out}\nenv: home\nrollout:\n  server: http://127.0.0.1:9/v1\n")
+    r = CliRunner().invoke(app, ["rl", "--config", str(cfg), "--quiet"])
+    assert r.exit_code == 8 and "error: cannot reach the generation server at http://127.0.0.1:9/" in r.output, \
+        r.output
 
 
 class _TextOnly(BaseHTTPRequestHandler):
