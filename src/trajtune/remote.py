@@ -50,8 +50,10 @@ class ServerClient:
         self.model = model
         self.timeout_s = timeout_s
 
-    def request(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """``route``'s JSON answer; every failure a ServerError naming the URL."""
+    def request(self, method: str, route: str, body: dict[str, Any] | None = None,
+                if_missing: str | None = None) -> dict[str, Any]:
+        """``route``'s JSON answer; every failure a ServerError naming the URL (``if_missing``: the
+        message when the server has no such route, HTTP 404)."""
         url = self.root + route
         data = json.dumps(body).encode("utf-8") if body is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
@@ -59,6 +61,8 @@ class ServerClient:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 payload = r.read()
         except urllib.error.HTTPError as e:
+            if e.code == 404 and if_missing is not None:
+                raise ServerError(if_missing) from None
             raise ServerError(f"{method} {url}: HTTP {e.code}: {_server_message(e)}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as e:
             reason = getattr(e, "reason", None) or e
@@ -74,14 +78,10 @@ class ServerClient:
 
     def info(self) -> dict[str, Any]:
         """``GET /trajtune/info``; a server without it cannot follow the policy, so RL refuses it."""
-        try:
-            info = self.request("GET", "/trajtune/info")
-        except ServerError as e:
-            if "HTTP 404" not in str(e):
-                raise
-            raise ServerError(f"{self.root} has no /trajtune/info: RL through a server needs one that loads the "
-                              "policy's weights after every update (POST /trajtune/load_weights), as "
-                              "`trajtune serve` does; a server that cannot would sample from a stale policy") from None
+        info = self.request("GET", "/trajtune/info", if_missing=(
+            f"{self.root} has no /trajtune/info: RL through a server needs one that loads the policy's weights "
+            "after every update (POST /trajtune/load_weights), as `trajtune serve` does; a server that cannot "
+            "would sample from a stale policy"))
         for key in ("model", "policy_version", "vocab_size"):
             if key not in info:
                 raise ServerError(f"GET {self.root}/trajtune/info: the answer has no {key!r}: {json.dumps(info)[:200]}")
