@@ -216,6 +216,29 @@ class RaySpec(_C):
     cpus_per_worker: float = Field(1.0, gt=0, description="CPUs Ray reserves for each worker actor")
 
 
+class ServerSpec(_C):
+    """RL rollouts sampled by a generation server (docs/algorithms.md, Sampling through a generation server)."""
+
+    url: str = Field(description="the server, http(s)://HOST:PORT (with or without /v1): `trajtune serve`, or one "
+                                 "that returns token ids and log-probs and loads weights the same way")
+    model: str | None = Field(None, description="the model name the server must serve (checked against GET "
+                                                "/trajtune/info); default: whatever it serves")
+    timeout_s: float = Field(300.0, gt=0, description="seconds one request may take (a batch of turns, or loading "
+                                                      "the weights) before the run stops with a ServerError")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"url": v} if isinstance(v, str) else v
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"rollout.server.url must start with http:// or https://, got {v!r}")
+        return v
+
+
 class RolloutSpec(_C):
     max_turns: int = Field(8, gt=0, description="assistant turns per episode at most (termination max_turns)")
     max_new_tokens: int = Field(128, gt=0, description="tokens per assistant turn at most (termination length)")
@@ -231,12 +254,16 @@ class RolloutSpec(_C):
                                                    "tokens); false, or a model it cannot serve: generate() per turn")
     ray: RaySpec | None = Field(None, description="run the environments in Ray worker actors (docs/envs.md, Rollout "
                                                    "workers on Ray); generation stays in the learner")
+    server: ServerSpec | None = Field(
+        None, description="sample through a generation server (rl only): it returns the token ids and log-probs "
+                          "that are stored, and loads the policy's weights after every step (a string is short for "
+                          "server.url)")
 
     def to_config(self) -> Any:
         """The agent loop's settings (``rollout.RolloutConfig``); where the environments run is not one."""
         from trajtune.rollout import RolloutConfig
 
-        return RolloutConfig(**self.model_dump(exclude={"ray"}))
+        return RolloutConfig(**self.model_dump(exclude={"ray", "server"}))
 
     def env_factory(self, env: "EnvSpec") -> Any:
         from trajtune.envs.ray_workers import env_factory
@@ -251,6 +278,16 @@ class RolloutSpec(_C):
         if v != "auto" and v not in available_parsers():
             raise ValueError(f"unknown tool-call parser {v!r}; available: auto, {', '.join(available_parsers())}")
         return v
+
+    @model_validator(mode="after")
+    def _server_combinations(self) -> "RolloutSpec":
+        if self.server is None:
+            return self
+        if self.ray is not None:
+            raise ValueError("rollout.server with rollout.ray is not supported: use one of them")
+        if "reuse_kv_cache" in self.non_default():
+            raise ValueError("rollout.reuse_kv_cache does nothing with rollout.server (the server samples); remove it")
+        return self
 
 
 class EvalSpec(_C):
@@ -439,6 +476,17 @@ class EnvRunBase(RunBase):
 
     env: EnvSpec = Field(description="the environment to act in (a string is short for env.name)")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how episodes are sampled")
+
+    @model_validator(mode="after")
+    def _server_for_rl(self) -> "EnvRunBase":
+        if self.rollout.server is None:
+            return self
+        if self.algorithm != "rl":
+            raise ValueError(f"rollout.server is supported for algorithm rl only, not {self.algorithm}: remove it")
+        if self.model.lora is not None:
+            raise ValueError("rollout.server with model.lora is not supported: only full weights are synced to the "
+                             "server after each step")
+        return self
 
 
 class _RenderOnly(_C):

@@ -87,6 +87,14 @@ class RunDirError(OutputError):
     would silently change the run's configuration."""
 
 
+class ServerError(UserError, RuntimeError):
+    """A generation server (``rollout.server``) that cannot be used: unreachable, answering with an
+    HTTP error, or unable to return what token-exact RL needs (token ids, log-probs, weight sync).
+    The message names the URL and what failed."""
+
+    exit_code = 8
+
+
 class Interrupted(UserError):
     """Ctrl-C: the command stopped; the message says what was kept and how to continue."""
 
@@ -107,6 +115,8 @@ EXIT_CODES: dict[int, str] = {
     EnvError.exit_code: "unknown environment or bad environment arguments (EnvError)",
     OutputError.exit_code: "output exists, nothing to resume, or a resume would change the config (OutputError, "
                            "RunDirError)",
+    ServerError.exit_code: "a generation server is unreachable, fails, or cannot return token ids / log-probs "
+                           "(ServerError)",
     Interrupted.exit_code: "interrupted with Ctrl-C (Interrupted); the message says how to continue",
 }
 

@@ -92,6 +92,7 @@ class RolloutSource:
     seed: int = 0
     renderer: ChatRenderer | None = None
     on_episodes: Callable[[int, list[Any]], None] | None = None
+    sampler: Any = None  # a sampler replacing the local one (a generation server's: remote.ServerSampler)
 
     def _tasks(self, step: int, round_no: int) -> list[Task]:
         n = len(self.tasks)
@@ -109,8 +110,9 @@ class RolloutSource:
         # whole step, in group order
         world, rank, g = dist.world_size(), dist.rank(), self.group_size
         mine = [t for t in tasks[rank::world] for _ in range(g)]
+        remote = {"sampler": self.sampler} if self.sampler is not None else {}  # a server's sampler
         own = run_rollouts(model, self.tokenizer, self.env_factory, mine, self.rollout,
-                           seed=seed + 104_729 * rank, renderer=self.renderer) if mine else []
+                           seed=seed + 104_729 * rank, renderer=self.renderer, **remote) if mine else []
         parts = dist.all_gather(own)
         episodes = [e for i in range(len(tasks)) for e in parts[i % world][(i // world) * g:(i // world + 1) * g]]
         tts = []

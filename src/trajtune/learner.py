@@ -148,6 +148,7 @@ class Learner:
                  config: LearnerConfig, out_dir: str | Path, *,
                  eval_hook: Callable[[int, Any], dict[str, float]] | None = None,
                  on_step: Callable[[int, dict[str, float]], None] | None = None,
+                 on_weights: Callable[[int, Any], None] | None = None,
                  stop_after: int | None = None) -> None:
         from accelerate import Accelerator
 
@@ -158,6 +159,7 @@ class Learner:
         self.out = Path(out_dir)
         self.eval_hook = eval_hook
         self.on_step = on_step
+        self.on_weights = on_weights  # told (step, unwrapped model) after each step's updates (weight sync)
         self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         self.world, self.rank = dist.world_size(), dist.rank()
@@ -396,6 +398,8 @@ class Learner:
             m = self.train_step(tts) if tts else {"loss": 0.0, "skipped": 1.0}
             self.step += 1
             done_here += 1
+            if self.on_weights is not None:
+                self.on_weights(self.step, self.accelerator.unwrap_model(self.model))
             rec: dict[str, Any] = {"step": self.step, **src_metrics, **m, "seconds": round(time.time() - t0, 4)}
             if self.eval_hook and self.cfg.eval_every and self.step % self.cfg.eval_every == 0 \
                     and self.step < self.cfg.steps:

@@ -28,7 +28,7 @@ from trajtune.chat.render import (
 )
 from trajtune.envs.base import Environment, StepResult, Task
 from trajtune.envs.runner import step_batch
-from trajtune.generation import CachedSampler, RowCache
+from trajtune.generation import CachedSampler
 from trajtune.generation import supports as supports_cache
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 
@@ -71,7 +71,7 @@ class _Live:
     termination: str | None = None
     taken_ids: set[str] = field(default_factory=set)
     error: str | None = None
-    cache: RowCache | None = None  # keys/values of ids[:cache.n] (the cached sampler only)
+    cache: Any = None  # what the sampler keeps of ids[:cache.n]: a RowCache, or a server's remote.Sent
     index: int = 0  # the task's position in the run_rollouts call (where its episode goes)
 
     def extend(self, ids: list[int], src: int, logprobs: list[float] | None = None) -> None:
@@ -150,6 +150,7 @@ def run_rollouts(
     step_fn: Callable[[Sequence[Environment], Sequence[Message], float], list[StepResult]] | None = None,
     progress: Callable[[int], None] | None = None,
     prefixes: Sequence[list[Message]] | None = None,
+    sampler: Any = None,
 ) -> list[Episode]:
     """Roll out ``model`` on every task, at most ``config.batch_size`` episodes at a time: when one
     ends, the next task takes its place (so one long episode does not hold up a whole batch).
@@ -157,7 +158,10 @@ def run_rollouts(
     ``prefixes`` (one list per task) start each episode from a state: the prefix's assistant actions
     are replayed through the environment after reset (``Environment.reach``), the resulting history is
     prompt-source tokens (the policy did not sample it: no loss, no log-probs), rewards earned in
-    the prefix are not the episode's, and ``max_turns`` counts the policy's own turns only."""
+    the prefix are not the episode's, and ``max_turns`` counts the policy's own turns only.
+
+    ``sampler`` replaces the local one: anything with ``CachedSampler.turn``'s signature, e.g. a
+    generation server's (``remote.ServerSampler``); the ids and log-probs it returns are stored as they are."""
     if prefixes is not None and len(prefixes) != len(tasks):
         raise ValueError(f"{len(prefixes)} prefixes for {len(tasks)} tasks")
     renderer = renderer or ChatRenderer(tokenizer)
@@ -169,7 +173,7 @@ def run_rollouts(
     model.eval()
     try:
         return _run_all(model, tokenizer, renderer, env_factory, list(tasks), config, seed, eot_ids, step_fn,
-                        list(prefixes) if prefixes is not None else None, progress)
+                        list(prefixes) if prefixes is not None else None, progress, sampler)
     finally:
         model.train(was_training)
 
@@ -195,13 +199,13 @@ def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task:
 def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
              tasks: list[Task], cfg: RolloutConfig, seed: int, eot_ids: list[int],
              step_fn: Callable[..., list[StepResult]], prefixes: list[list[Message]] | None,
-             progress: Callable[[int], None] | None) -> list[Episode]:
+             progress: Callable[[int], None] | None, sampler: Any = None) -> list[Episode]:
     results: list[Episode | None] = [None] * len(tasks)
     live: list[_Live] = []
     next_i = 0
     round_no = 0
-    sampler = CachedSampler(model, cfg.temperature, cfg.top_p, eot_ids) \
-        if cfg.reuse_kv_cache and supports_cache(model) else None
+    if sampler is None and cfg.reuse_kv_cache and supports_cache(model):
+        sampler = CachedSampler(model, cfg.temperature, cfg.top_p, eot_ids)
     while True:
         for e in live:
             if e.termination is not None:

@@ -11,8 +11,18 @@ the OpenAI fields, each response carries the exact token ids (``prompt_token_ids
 choice, ``token_ids``) and, with ``logprobs: true``, the sampling log-probability of every
 generated token, so a client can keep token-exact provenance instead of re-tokenizing text.
 
-One request is generated at a time (requests are accepted concurrently and queue on a lock).
-Standard library HTTP only; bind to localhost unless you mean to expose the model.
+For RL through the server (``rollout.server``, trajtune.remote) there are three more routes:
+
+- ``POST /v1/completions`` with token-id prompts (``prompt``: a list of ids, or a list of such
+  lists for a batch): per choice the sampled ``token_ids``, their ``logprobs`` (at the sampling
+  temperature, before top-p, as the RL objectives recompute them) and ``finish_reason``;
+- ``POST /trajtune/load_weights`` with ``{"path": FILE}``: a safetensors file on this machine
+  (written by the trainer) is loaded into the served model; answers the new policy version;
+- ``GET /trajtune/info``: model name, policy version, vocabulary size.
+
+One request is generated at a time (requests are accepted concurrently and queue on a lock, which
+weight loading takes too, so no sample ever mixes two policies). Standard library HTTP only; bind
+to localhost unless you mean to expose the model (``load_weights`` reads any path it is given).
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ class ChatService:
         self.name = name
         self.max_tokens = max_tokens
         self.lock = threading.Lock()
+        self.version = 0  # policy version: bumped by every load_weights
         from trajtune.generation import supports
 
         self.cached = supports(model)  # the cached sampler, else generate()
@@ -94,9 +105,114 @@ class ChatService:
                           "total_tokens": len(prompt) + len(ids)}}
 
 
+    # -- token-id completions, weight sync and info (RL through the server) -------------------------
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def info(self) -> dict[str, Any]:
+        return {"model": self.name, "policy_version": self.version, "vocab_size": self.vocab_size(),
+                "stop_token_ids": self.renderer.stop_ids()}
+
+    def _token_prompts(self, body: dict[str, Any]) -> list[list[int]]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            prompts = prompt
+        else:
+            raise BadRequest("`prompt` must be a non-empty list of token ids or a list of such lists "
+                             "(trajtune serve takes token-id prompts at /v1/completions; text goes to /v1/chat/completions)")
+        vocab = self.vocab_size()
+        for i, p in enumerate(prompts):
+            if not p or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < vocab for x in p):
+                raise BadRequest(f"prompt {i}: need a non-empty list of token ids in [0, {vocab})")
+        return prompts
+
+    def complete_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/completions``: continue token-id prompts; exact ids and log-probs per choice."""
+        from trajtune.generation import CachedSampler
+        from trajtune.rollout import RolloutConfig, _generate
+
+        prompts = self._token_prompts(body)
+        for key in ("n", "best_of"):
+            if body.get(key) not in (None, 1):
+                raise BadRequest(f"`{key}` is not supported by trajtune serve (send the prompt several times)")
+        if body.get("stream"):
+            raise BadRequest("`stream` is not supported by trajtune serve")
+        temperature = float(body.get("temperature", 1.0))
+        top_p = float(body.get("top_p", 1.0))
+        max_new = int(body.get("max_tokens", self.max_tokens))
+        if max_new < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise BadRequest("need max_tokens ≥ 1, temperature ≥ 0 and 0 < top_p ≤ 1")
+        seed = int(body.get("seed", 0))
+        stops = body.get("stop_token_ids")
+        if stops is None:
+            stops = self.renderer.stop_ids()
+        elif not isinstance(stops, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in stops):
+            raise BadRequest("`stop_token_ids` must be a list of token ids")
+        with self.lock:
+            version = self.version
+            if self.cached:
+                outs = [(ids, lps, ended) for ids, lps, ended, _ in CachedSampler(
+                    self.model, temperature, top_p, stops).turn([(None, p) for p in prompts],
+                                                                [max_new] * len(prompts), seed)]
+            else:
+                cfg = RolloutConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new)
+                outs = _generate(self.model, self.tok, prompts, [max_new] * len(prompts), cfg, stops or
+                                 self.renderer.stop_ids(), seed)
+        want_lps = body.get("logprobs") is not None and body["logprobs"] is not False  # 0: the sampled token's
+        choices = []
+        for i, (prompt, (ids, lps, ended)) in enumerate(zip(prompts, outs)):
+            choice: dict[str, Any] = {"index": i, "text": self.tok.decode(ids, skip_special_tokens=False),
+                                      "token_ids": ids, "prompt_token_ids": prompt,
+                                      "finish_reason": "stop" if ended else "length"}
+            if want_lps:
+                choice["logprobs"] = {"tokens": [self.tok.decode([t]) for t in ids], "token_logprobs": lps}
+            choices.append(choice)
+        n_prompt, n_out = sum(len(p) for p in prompts), sum(len(o[0]) for o in outs)
+        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                "model": self.name, "policy_version": version, "choices": choices,
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+    def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /trajtune/load_weights``: ``{"path": FILE, "version": N?}``, a safetensors file of the
+        model's full state (a tied output head may be left out). Every tensor is checked against the
+        served model before any is copied, so a wrong file leaves the model as it was."""
+        import torch
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        path = body.get("path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("`path` must name a safetensors file on the server's machine")
+        version = body.get("version")
+        if version is not None and (not isinstance(version, int) or isinstance(version, bool) or version < 0):
+            raise BadRequest("`version` must be a non-negative integer")
+        try:
+            state = load_file(path)
+        except (OSError, SafetensorError) as e:
+            raise BadRequest(f"cannot read weights from {path}: {e}") from None
+        own = self.model.state_dict()
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        unexpected = sorted(set(state) - set(own))
+        missing = sorted(set(own) - set(state) - tied)
+        if unexpected or missing:
+            raise BadRequest(f"{path} does not match the served model {self.name}: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        bad = [k for k, v in state.items() if tuple(v.shape) != tuple(own[k].shape)]
+        if bad:
+            raise BadRequest(f"{path}: shapes differ from the served model for {bad[:5]}")
+        with self.lock, torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v)
+            self.version = version if version is not None else self.version + 1
+            return {"policy_version": self.version, "model": self.name, "tensors": len(state)}
+
+
 def make_server(service: ChatService, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """An HTTP server answering ``GET /v1/models`` and ``POST /v1/chat/completions`` (``port`` 0 =
-    any free port; ``server.server_address`` says which)."""
+    """An HTTP server answering ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
+    (token-id prompts), ``POST /trajtune/load_weights`` and ``GET /trajtune/info`` (``port`` 0 = any free
+    port; ``server.server_address`` says which)."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the CLI prints its own line
@@ -117,11 +233,17 @@ def make_server(service: ChatService, host: str = "127.0.0.1", port: int = 8000)
             if self.path.rstrip("/") in ("/v1/models", "/models"):
                 self._send(200, {"object": "list", "data": [{"id": service.name, "object": "model",
                                                               "owned_by": "trajtune"}]})
+            elif self.path.rstrip("/") == "/trajtune/info":
+                self._send(200, service.info())
             else:
                 self._error(404, f"no route {self.path}", "not_found")
 
         def do_POST(self) -> None:  # noqa: N802
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            routes = {"/v1/chat/completions": service.complete, "/chat/completions": service.complete,
+                      "/v1/completions": service.complete_tokens, "/completions": service.complete_tokens,
+                      "/trajtune/load_weights": service.load_weights}
+            answer = routes.get(self.path.rstrip("/"))
+            if answer is None:
                 self._error(404, f"no route {self.path}", "not_found")
                 return
             n = int(self.headers.get("Content-Length") or 0)
@@ -132,7 +254,7 @@ def make_server(service: ChatService, host: str = "127.0.0.1", port: int = 8000)
                 body = json.loads(self.rfile.read(n))
                 if not isinstance(body, dict):
                     raise BadRequest("the body must be a JSON object")
-                self._send(200, service.complete(body))
+                self._send(200, answer(body))
             except (BadRequest, json.JSONDecodeError, ValueError, TypeError) as e:
                 self._error(400, str(e), "invalid_request_error")
             except Exception as e:  # noqa: BLE001 - a server bug: 500 with its message, the server stays up

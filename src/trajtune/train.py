@@ -274,7 +274,8 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
 
         tracker = Tracker(cfg.tracking, out, cfg.model_dump(mode="json"))
     learner = Learner(ctx.model, tok, recipe.objective, recipe.source, learner_config(cfg, recipe), out,
-                      eval_hook=hook, stop_after=stop_after, on_step=tracker.log if tracker else None)
+                      eval_hook=hook, on_weights=recipe.on_weights, stop_after=stop_after,
+                      on_step=tracker.log if tracker else None)
     learner.step_logs.extend(recipe.step_logs)
     try:
         result = _train_and_finish(learner, cfg, out, kind, st, quiet, hook, recipe)

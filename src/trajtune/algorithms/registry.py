@@ -60,6 +60,7 @@ class Recipe:
     shown: tuple[str, ...] = ("loss",)  # metrics on the progress bar
     plot: tuple[str, tuple[str, ...], str] | None = None  # (file name, metrics, title)
     on_resume: Callable[[int], None] | None = None  # told the step a run resumes from
+    on_weights: Callable[[int, Any], None] | None = None  # told (step, model) after each step's updates
 
 
 @dataclass

@@ -127,6 +127,13 @@ class RLRunConfig(EnvRunBase):
     algorithm: Literal["rl"] = Field("rl", description="online multi-turn RL")
     rl: RLSpec = Field(default_factory=RLSpec, description="estimator, group sampling and the objective")
 
+    @model_validator(mode="after")
+    def _server_sync(self) -> "RLRunConfig":
+        if self.rollout.server is not None and self.rl.async_rollouts:
+            raise ValueError("rl.async_rollouts with rollout.server is not supported: the background sampler would "
+                             "sample while the server's weights change; drop one of them")
+        return self
+
     @field_validator("train")
     @classmethod
     def _rl_train(cls, v: TrainSpec) -> TrainSpec:
@@ -151,11 +158,23 @@ def episode_writer(path: Path) -> Any:
     return keep
 
 
-def _prepare(cfg: RLRunConfig, ctx: RunContext) -> None:
+def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
+    server = cfg.rollout.server
+    if server is None:
+        return None
+    from trajtune import distributed as dist
+    from trajtune.remote import ServerClient
+
+    if dist.world_size() > 1:
+        raise ConfigError("rollout.server runs from one training process (every rank would push its weights); "
+                          "launch a single process")
+    client = ServerClient(server.url, server.model, server.timeout_s)
+    client.check(len(ctx.tokenizer), ctx.renderer.stop_ids())  # before anything is written (ServerError)
+    return client
 
 
-def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
+def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     from trajtune.experience import RolloutSource, rl_transforms
 
     assert ctx.out is not None
@@ -178,13 +197,33 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: None) -> Recipe:
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path))
+    on_weights = None
+    if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
+        source, on_weights = _through_server(source, prepared, cfg, ctx)
     if r.async_rollouts:
         source = _one_step_ahead(source, cfg, ctx)
     objective = PolicyGradientObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation,
                                         r.norm_length, temperature)
     return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
                   epochs=r.ppo_epochs, mini_batches=r.mini_batches, step_logs=[episodes_path],
-                  shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"))
+                  shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"),
+                  on_weights=on_weights)
+
+
+def _through_server(source: Any, client: Any, cfg: RLRunConfig, ctx: RunContext) -> tuple[Any, Any]:
+    from trajtune.errors import ServerError
+    from trajtune.remote import ServerSampler, ServerSynced, WeightSync
+
+    assert ctx.out is not None
+    vocab = int(ctx.model.get_output_embeddings().weight.shape[0])
+    served = int(client.info()["vocab_size"])
+    if served != vocab:
+        raise ServerError(f"{client.root} serves a model with {served} token ids, the trained model has {vocab}: "
+                          "it is another model (start the server with the run's model)")
+    ro = cfg.rollout
+    source.sampler = ServerSampler(client, ro.temperature, ro.top_p, ctx.renderer.stop_ids())
+    sync = WeightSync(client, ctx.out / "server" / "policy.safetensors")
+    return ServerSynced(source, sync), sync.push
 
 
 def _one_step_ahead(source: Any, cfg: RLRunConfig, ctx: RunContext) -> Any:

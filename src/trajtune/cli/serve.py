@@ -27,6 +27,11 @@ def serve_cmd(
     with "logprobs": true, each generated token's sampling log-probability. One request is
     generated at a time. Stop with Ctrl-C.
 
+    For RL through the server (rollout.server, docs/algorithms.md): POST /v1/completions takes
+    token-id prompts and answers token ids and log-probs; POST /trajtune/load_weights loads the
+    trainer's weights file (a path on this machine); GET /trajtune/info names the model and its
+    policy version.
+
     Example: trajtune serve --model runs/sft-home/final --port 8000
 
     Example: trajtune data generate --env home --n 50 --policy openai:http://127.0.0.1:8000/v1 -o teacher.jsonl
@@ -46,7 +51,7 @@ def serve_cmd(
     service = ChatService(load_model(model, trainable=False), tok, renderer, name=model, max_tokens=max_tokens)
     server = make_server(service, host, port)
     h, p = server.server_address[:2]
-    console.print(f"serving {model} at http://{h}:{p}/v1 (POST /v1/chat/completions); Ctrl-C stops", soft_wrap=True)
+    console.print(f"serving {model} at http://{h}:{p}/v1 (POST /v1/chat/completions, /v1/completions); Ctrl-C stops", soft_wrap=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
