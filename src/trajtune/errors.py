@@ -13,6 +13,7 @@ This module imports nothing from trajtune, so every layer may use it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -87,6 +88,18 @@ class RunDirError(OutputError):
     would silently change the run's configuration."""
 
 
+class RankFailed(UserError, RuntimeError):
+    """A process of a multi-process run died or stopped answering: a collective failed or timed out
+    (``TRAJTUNE_DIST_TIMEOUT_S``). The surviving ranks stop with this instead of hanging; the message
+    names the lost rank, the step and the checkpoint ``--resume`` continues from."""
+
+    exit_code = 9
+
+    def __init__(self, message: str, lost: Sequence[int] = ()):
+        super().__init__(message)
+        self.lost = list(lost)  # the lost ranks, when known
+
+
 class Interrupted(UserError):
     """Ctrl-C: the command stopped; the message says what was kept and how to continue."""
 
@@ -107,6 +120,8 @@ EXIT_CODES: dict[int, str] = {
     EnvError.exit_code: "unknown environment or bad environment arguments (EnvError)",
     OutputError.exit_code: "output exists, nothing to resume, or a resume would change the config (OutputError, "
                            "RunDirError)",
+    RankFailed.exit_code: "a process of a multi-process run died or stopped answering (RankFailed); the message "
+                          "names the checkpoint --resume continues from",
     Interrupted.exit_code: "interrupted with Ctrl-C (Interrupted); the message says how to continue",
 }
 
