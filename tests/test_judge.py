@@ -137,7 +137,7 @@ def test_eval_cli_with_a_judge_end_to_end(fake_judge, tiny_dir, tmp_path):
     r = runner.invoke(app, ["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "3", "--max-turns", "1",
                             "--max-new-tokens", "4", "--workers", "1", "--judge", f"openai:{srv.url}",
                             "--judge-model", "fake-judge", "--judge-rubric", str(rubric), "--judge-max-tokens", "64",
-                            "--out", str(out), "--no-report"])
+                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["metrics"]["judge"] == {"episodes": 3, "scored": 2, "parse_failures": 1, "mean_score": 7.5}
@@ -148,6 +148,7 @@ def test_eval_cli_with_a_judge_end_to_end(fake_judge, tiny_dir, tmp_path):
     assert all(b["model"] == "fake-judge" and b["max_tokens"] == 64 and "politeness" in b["messages"][0]["content"]
                for b in srv.requests)
     assert json.loads((out / "run.json").read_text())["judge"] == f"openai:{srv.url}"
+    assert "judge.mean_score" in (out / "report.html").read_text()  # the report shows the judge too
 
 
 def test_an_unreachable_judge_is_one_line_naming_the_url(tiny_dir, tmp_path):
@@ -185,3 +186,11 @@ def test_trajtune_serve_or_a_local_model_can_be_the_judge(tiny_model, tiny_tok, 
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_response_without_a_message_is_a_counted_failure():
+    judge = Judge(lambda body: {"choices": []}, name="stub")
+    ep = _episode(0)
+    judge.annotate([ep])
+    assert ep.metadata["judge"]["score"] is None and "no choices[0].message" in ep.metadata["judge"]["error"]
+    assert summarize([ep])["judge"]["parse_failures"] == 1

@@ -191,14 +191,16 @@ class Judge:
             msg = from_openai_message(resp["choices"][0].get("message"))
         except PolicyError as e:
             raise ModelLoadError(f"--judge {self.name}: {e}") from None
-        except (KeyError, IndexError, TypeError, AttributeError):
-            return ""  # no completion in the response: nothing to parse, counted as a failure
+        except (KeyError, IndexError, TypeError, AttributeError):  # counted as a failure, like an unreadable reply
+            raise JudgeParseError(f"the judge's response has no choices[0].message: {json.dumps(resp, default=str)[:200]}") \
+                from None
         return msg.text() or ""
 
     def verdict(self, traj: Trajectory) -> dict[str, Any]:
         """``metadata["judge"]`` for one episode (see the module docstring)."""
-        text = self.reply_text(traj)
+        text = ""
         try:
+            text = self.reply_text(traj)
             score, reason = parse_score(text)
         except JudgeParseError as e:
             return {"score": None, "error": str(e), "raw": text[:2000], "judge": self.name}

@@ -120,6 +120,8 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
                            max_tokens=settings.judge_max_tokens or 256, workers=settings.workers,
                            device=settings.device)
     store = EvalStore(out_dir, settings.as_dict(), resume=resume, overwrite=overwrite) if out_dir is not None else None
+    for warning in store.warnings if store is not None else []:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     try:
         if backend is None:
             from trajtune.models.loading import load_model
