@@ -188,12 +188,13 @@ class Judge:
 
         try:
             resp = self.complete(self.request_body(traj))
-            msg = from_openai_message(resp["choices"][0].get("message"))
-        except PolicyError as e:
+        except PolicyError as e:  # unreachable, or an HTTP error: the evaluation stops, naming the judge
             raise ModelLoadError(f"--judge {self.name}: {e}") from None
-        except (KeyError, IndexError, TypeError, AttributeError):  # counted as a failure, like an unreadable reply
-            raise JudgeParseError(f"the judge's response has no choices[0].message: {json.dumps(resp, default=str)[:200]}") \
-                from None
+        try:
+            msg = from_openai_message(resp["choices"][0].get("message"))
+        except (KeyError, IndexError, TypeError, AttributeError, PolicyError):  # counted, like an unreadable reply
+            raise JudgeParseError("the judge's response has no choices[0].message: "
+                                  + json.dumps(resp, default=str)[:200]) from None
         return msg.text() or ""
 
     def verdict(self, traj: Trajectory) -> dict[str, Any]:
