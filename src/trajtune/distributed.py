@@ -8,13 +8,32 @@ rounding). Only rank 0 writes: the run directory, logs, checkpoints, the final m
 
 Ranks come from the launcher's environment (``RANK``, ``WORLD_SIZE``), so they are known before
 any model is loaded; the process group is the one accelerate sets up (gloo on CPU, NCCL on GPUs).
+
+A lost rank: every collective waits at most ``TRAJTUNE_DIST_TIMEOUT_S`` seconds (default
+``DEFAULT_TIMEOUT_S``). When a peer process dies (its connection closes) or stops answering (the
+timeout passes), the collective's error becomes ``RankFailed`` naming the lost rank, and the
+learner adds the step and the checkpoint ``--resume`` continues from. Which rank was lost: the
+peers on this host whose process is gone (process ids are exchanged at ``init``), else, with two
+ranks, the other one.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
+from trajtune.errors import ConfigError, RankFailed
+
+#: Seconds a collective waits for the other ranks before the run stops with RankFailed. Long enough
+#: for rank 0's own work between collectives (RFT/DPO mining, writing a checkpoint), which the others
+#: wait for at a barrier.
+DEFAULT_TIMEOUT_S = 1800.0
+TIMEOUT_ENV = "TRAJTUNE_DIST_TIMEOUT_S"
+
+_peers: list[tuple[str, int]] = []  # (host, pid) of every rank, exchanged at init
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -28,19 +47,100 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def timeout_s() -> float:
+    """The collective timeout in seconds: ``TRAJTUNE_DIST_TIMEOUT_S``, else ``DEFAULT_TIMEOUT_S``."""
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{TIMEOUT_ENV}={raw!r}: must be a positive number of seconds")
+    return value
+
+
 def init() -> None:
-    """Join the launcher's process group (a no-op in a single process)."""
+    """Join the launcher's process group, with the collective timeout (a no-op in a single process)."""
     if world_size() > 1:
+        from datetime import timedelta
+
         from accelerate import PartialState
 
-        PartialState()
+        PartialState(timeout=timedelta(seconds=timeout_s()))
+        _peers[:] = all_gather((socket.gethostname(), os.getpid()))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a dead child the launcher has not reaped yet is a zombie
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def lost_ranks(wait_s: float = 2.0) -> list[int]:
+    """The ranks this one has lost: peers on this host whose process is gone (looked for during up to
+    ``wait_s`` seconds: a dying process takes a moment to go), else, with two ranks, the other one
+    (dead on another host, or not answering); empty when it cannot be told."""
+    me, host = rank(), socket.gethostname()
+    deadline = time.monotonic() + wait_s
+    gone: list[int] = []
+    while _peers:
+        gone = [r for r, (h, pid) in enumerate(_peers) if r != me and h == host and not _alive(pid)]
+        if gone or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    if not gone and world_size() == 2:
+        gone = [1 - me]
+    return gone
+
+
+def _call(collective: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run one torch.distributed collective; its failure (a peer died, or the timeout passed) raises
+    ``RankFailed`` naming the lost rank."""
+    try:
+        return collective(*args, **kwargs)
+    except RuntimeError as e:  # what gloo and NCCL raise (DistBackendError is a RuntimeError)
+        lost = lost_ranks()
+        who = f"rank {', '.join(map(str, lost))}" if lost else "a rank (which one is not known here)"
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise RankFailed(f"{who} lost ({getattr(collective, '__name__', 'collective')}: {first})", lost) from None
+
+
+def describe_loss(err: RankFailed, step: int, checkpoint: int | None) -> RankFailed:
+    """The one-line message for a rank lost during ``step``: who, when, and where ``--resume`` starts."""
+    lost = err.lost
+    who = f"rank {', '.join(map(str, lost))}" if lost else "a rank"
+    where = (f"the last checkpoint is step {checkpoint}" if checkpoint is not None
+             else "there is no checkpoint yet, so it starts again from step 0")
+    return RankFailed(f"{who} lost at step {step}; resume with the same command and --resume: {where} "
+                      f"(seen by rank {rank()})", lost)
+
+
+def crash_for_test(step: int) -> None:
+    """Test-only hook, not a feature: with ``TRAJTUNE_TEST_CRASH_RANK=R`` and
+    ``TRAJTUNE_TEST_CRASH_STEP=S`` set, rank R exits at once (``os._exit``: no cleanup and no
+    message, like a killed process) when it starts step S. Used by tests/test_distributed.py."""
+    if os.environ.get("TRAJTUNE_TEST_CRASH_RANK") == str(rank()) \
+            and os.environ.get("TRAJTUNE_TEST_CRASH_STEP") == str(step):
+        os._exit(17)
 
 
 def barrier() -> None:
     if world_size() > 1:
         import torch.distributed as dist
 
-        dist.barrier()
+        _call(dist.barrier)
 
 
 def all_sum(values: list[float]) -> list[float]:
@@ -51,7 +151,7 @@ def all_sum(values: list[float]) -> list[float]:
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    _call(dist.all_reduce, t, op=dist.ReduceOp.SUM)
     return t.tolist()
 
 
@@ -61,7 +161,7 @@ def all_gather(obj: Any) -> list[Any]:
     import torch.distributed as dist
 
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    _call(dist.all_gather_object, out, obj)
     return out
 
 
@@ -79,7 +179,7 @@ def sum_gradients(params: list[Any]) -> None:
             p.grad = torch.zeros_like(p)
         grads.append(p.grad)
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    _call(dist.all_reduce, flat, op=dist.ReduceOp.SUM)
     i = 0
     for g in grads:
         n = g.numel()

@@ -13,6 +13,7 @@ This module imports nothing from trajtune, so every layer may use it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -93,6 +94,16 @@ class ServerError(UserError, RuntimeError):
     The message names the URL and what failed."""
 
     exit_code = 8
+class RankFailed(UserError, RuntimeError):
+    """A process of a multi-process run died or stopped answering: a collective failed or timed out
+    (``TRAJTUNE_DIST_TIMEOUT_S``). The surviving ranks stop with this instead of hanging; the message
+    names the lost rank, the step and the checkpoint ``--resume`` continues from."""
+
+    exit_code = 9
+
+    def __init__(self, message: str, lost: Sequence[int] = ()):
+        super().__init__(message)
+        self.lost = list(lost)  # the lost ranks, when known
 
 
 class Interrupted(UserError):
@@ -117,6 +128,8 @@ EXIT_CODES: dict[int, str] = {
                            "RunDirError)",
     ServerError.exit_code: "a generation server is unreachable, fails, or cannot return token ids / log-probs "
                            "(ServerError)",
+    RankFailed.exit_code: "a process of a multi-process run died or stopped answering (RankFailed); the message "
+                          "names the checkpoint --resume continues from",
     Interrupted.exit_code: "interrupted with Ctrl-C (Interrupted); the message says how to continue",
 }
 

@@ -39,7 +39,7 @@ from trajtune.algorithms.base import Objective
 from trajtune import distributed as dist
 from trajtune.algorithms.batch import collate
 from trajtune.tokens import TokenTrajectory
-from trajtune.errors import RunDirError
+from trajtune.errors import DataError, RankFailed, RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
 
 
@@ -101,13 +101,56 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def truncate_step_log(path: Path, step: int) -> None:
+def truncate_step_log(path: Path, step: int) -> str | None:
     """Drop the lines a killed run wrote for steps after its last checkpoint, so a resumed run does
-    not log them twice (the resumed run redoes those steps exactly). Rewritten atomically."""
+    not log them twice (the resumed run redoes those steps exactly). Rewritten atomically.
+
+    A last line that is not valid JSON is the write the kill interrupted: it is dropped and the
+    returned warning says so. An invalid line before the last one is corruption: DataError."""
     if not path.exists():
-        return
-    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= step]
+        return None
+    lines = [(i, ln) for i, ln in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if ln.strip()]
+    keep, warning = [], None
+    for k, (i, ln) in enumerate(lines):
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError:
+            if k < len(lines) - 1:
+                raise DataError(f"{path}:{i}: invalid JSON before the last line; the file was edited or "
+                                "corrupted, so the run cannot be resumed as it is") from None
+            warning = f"{path}: dropped a torn last line (line {i}, {len(ln)} characters) left by the interrupted run"
+            continue
+        if not isinstance(rec, dict) or rec.get("step", 0) <= step:
+            keep.append(ln)
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+    return warning
+
+
+def interrupted_writes(root: Path) -> list[Path]:
+    """Temp files and directories an atomic write left behind when its process died before the
+    rename: ``.NAME.*.tmp`` files (``schema.atomic_write_text``, ``AtomicJsonlWriter``; ``.NAME.tmp.png``
+    of plots) and ``.tmp-*`` directories (checkpoints, the final model)."""
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in list(dirnames):
+            if d.startswith(".tmp-"):
+                found.append(Path(dirpath) / d)
+                dirnames.remove(d)
+        found += [Path(dirpath) / f for f in filenames
+                  if f.startswith(".") and (f.endswith(".tmp") or ".tmp." in f)]
+    return sorted(found)
+
+
+def remove_interrupted_writes(root: Path) -> list[Path]:
+    """Delete ``interrupted_writes(root)`` (before a resume, on rank 0) and return what was removed."""
+    found = interrupted_writes(root)
+    for p in found:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    return found
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -175,11 +218,13 @@ class Learner:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.step = 0
+        self._current = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.ckpt_root = self.out / "checkpoints"
         self.metrics_path = self.out / "metrics.jsonl"
         # JSONL logs with a "step" per line; on resume, lines of steps after the checkpoint are dropped.
         self.step_logs: list[Path] = [self.metrics_path]
+        self.resume_warnings: list[str] = []  # what a resume had to clean up (shown by the caller)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -228,9 +273,15 @@ class Learner:
     def restart(self) -> None:
         """Start a run directory again from step 0 (it died before its first checkpoint): drop its step logs."""
         self.step = 0
+        self._trim_step_logs()
+
+    def _trim_step_logs(self) -> None:
+        """Rank 0 trims the step logs to ``self.step`` (a torn last line is dropped, with a warning)."""
         if dist.is_main():
             for path in self.step_logs:
-                truncate_step_log(path, 0)
+                warning = truncate_step_log(path, self.step)
+                if warning:
+                    self.resume_warnings.append(warning)
         dist.barrier()
 
     def apply_hyperparameters(self) -> None:
@@ -274,10 +325,7 @@ class Learner:
             self.source.load_state_dict(torch.load(ckpt / "source_state.pt", weights_only=False))
         self.step = checkpoint_step(ckpt)
         self.apply_hyperparameters()
-        if dist.is_main():
-            for path in self.step_logs:
-                truncate_step_log(path, self.step)
-        dist.barrier()
+        self._trim_step_logs()
         return self.step
 
     def log(self, record: dict[str, Any]) -> None:
@@ -390,9 +438,22 @@ class Learner:
 
     def _fit(self, progress: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
         set_seed(self.cfg.seed + self.step)
+        try:
+            return self._loop(progress)
+        except RankFailed as e:  # a collective failed: say which step, and where --resume continues
+            raise self.rank_lost(e, self._current) from None
+
+    def rank_lost(self, err: RankFailed, step: int) -> RankFailed:
+        """``err`` (a lost rank) as the one-line message naming the step and the last checkpoint."""
+        ckpt = self.latest_checkpoint()
+        return dist.describe_loss(err, step, checkpoint_step(ckpt) if ckpt is not None else None)
+
+    def _loop(self, progress: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
         last: dict[str, float] = {}
         done_here = 0
         while self.step < self.cfg.steps:
+            self._current = self.step + 1  # the step being built, trained and maybe saved
+            dist.crash_for_test(self._current)
             t0 = time.time()
             tts, src_metrics = self.source.batch(self.step, self.accelerator.unwrap_model(self.model))
             m = self.train_step(tts) if tts else {"loss": 0.0, "skipped": 1.0}

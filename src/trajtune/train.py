@@ -24,8 +24,15 @@ from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import DataSpec, RunBase, dump_config
 from trajtune.envs.base import make_env
 from trajtune.eval.run import evaluate
-from trajtune.errors import Interrupted, RunDirError, UsageError
-from trajtune.learner import Learner, LearnerConfig, checkpoint_step, latest_checkpoint, set_seed
+from trajtune.errors import ConfigError, Interrupted, RankFailed, RunDirError, UsageError
+from trajtune.learner import (
+    Learner,
+    LearnerConfig,
+    checkpoint_step,
+    latest_checkpoint,
+    remove_interrupted_writes,
+    set_seed,
+)
 from trajtune.models.loading import load_model, load_tokenizer
 from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
@@ -227,12 +234,29 @@ def _write_common(out: Path, cfg: Any, kind: str) -> None:
     atomic_write_text(out / "run.json", json.dumps({"kind": kind, "started": time.time()}))
 
 
+def check_processes(cfg: RunBase) -> None:
+    """Refuse, before any process group is joined, what does not run on several processes."""
+    world = dist.world_size()
+    if world <= 1:
+        return
+    dist.timeout_s()  # a bad TRAJTUNE_DIST_TIMEOUT_S fails here, on every rank alike
+    rollout = getattr(cfg, "rollout", None)
+    if getattr(rollout, "ray", None) is not None:
+        raise ConfigError(f"rollout.ray with {world} processes is not supported: every rank would start its own "
+                          "Ray workers; run the Ray rollout workers from a single process, or drop rollout.ray")
+    rl = getattr(cfg, "rl", None)
+    if getattr(rl, "async_rollouts", False):
+        raise ConfigError(f"rl.async_rollouts with {world} processes is not supported (its background sampler would "
+                          "interleave collectives with training); drop it, or launch a single process")
+
+
 def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
         allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     """Train any registered algorithm: its config's ``algorithm:`` picks the recipe; everything else
     (run directory, resume, the learner, final model, result.json) is the same for all of them."""
     algo = get_algorithm(cfg.algorithm)
     kind = algo.name
+    check_processes(cfg)
     dist.init()
     quiet = quiet or not dist.is_main()
     if cfg.tracking:
@@ -322,14 +346,26 @@ def _start_run(cfg: Any, kind: str, st: RunState, diff: dict[str, tuple[Any, Any
 
 
 def _resume(learner: Learner, quiet: bool) -> None:
-    """Continue from the latest checkpoint, or from step 0 when the run died before its first one."""
+    """Continue from the latest checkpoint, or from step 0 when the run died before its first one.
+
+    First (rank 0) the leftovers of writes the crash interrupted are removed: temp files and
+    directories of atomic writes, and a torn last line of the step logs (with a warning)."""
+    if dist.is_main():
+        removed = remove_interrupted_writes(learner.out)
+        if removed:
+            learner.resume_warnings.append(
+                f"removed {len(removed)} temp file(s) of writes the interrupted run did not finish: "
+                + ", ".join(str(p.relative_to(learner.out)) for p in removed[:5]) + (" ..." if len(removed) > 5 else ""))
+    dist.barrier()
     if learner.latest_checkpoint() is not None:
         learner.resume()
-        return
-    learner.restart()
-    if not quiet:
-        console.print(f"no checkpoint in {learner.out}: the run stopped before its first one; starting again "
-                      "from step 0", soft_wrap=True)
+    else:
+        learner.restart()
+        if not quiet:
+            console.print(f"no checkpoint in {learner.out}: the run stopped before its first one; starting again "
+                          "from step 0", soft_wrap=True)
+    for warning in learner.resume_warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
 def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: RunState,
@@ -353,7 +389,10 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
     if learner.step < cfg.train.steps:  # stopped early (testing aid): leave a resumable checkpoint only
         learner.save_checkpoint()
         return {"step": learner.step, "stopped": True}
-    final = learner.save_final(out / "final")
+    try:
+        final = learner.save_final(out / "final")
+    except RankFailed as e:
+        raise learner.rank_lost(e, learner.step) from None
     result: dict[str, Any] = {"step": learner.step, "final": str(final), **recipe.result, "last": last}
     if not dist.is_main():  # rank 0 evaluates and writes the artifacts
         return result

@@ -86,6 +86,17 @@ def eval_(
         "--endpoint-model", help="With --model openai:URL: the model name sent to the endpoint.")] = "default",
     report: Annotated[bool, typer.Option("--report/--no-report", help="With --out: write --out/report.html (see "
                                                                       "`trajtune report`) at the end.")] = True,
+    judge: Annotated[Optional[str], typer.Option(
+        "--judge", help="An LLM judge scores every episode: openai:URL (an OpenAI-compatible endpoint, e.g. "
+                        "`trajtune serve`) or a local model (alias, path, HF id) run in-process. Adds metrics.judge "
+                        "and metadata.judge per episode (docs/eval.md).")] = None,
+    judge_model: Annotated[Optional[str], typer.Option(
+        "--judge-model", help="With --judge openai:URL: the model name sent to the judge (default: default).")] = None,
+    judge_rubric: Annotated[Optional[Path], typer.Option(
+        "--judge-rubric", help="A text/Markdown rubric file for the judge (default: a built-in 0-10 rubric for agent "
+                               "trajectories).")] = None,
+    judge_max_tokens: Annotated[Optional[int], typer.Option(
+        "--judge-max-tokens", help="Token limit of the judge's reply (default 256).")] = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -96,6 +107,8 @@ def eval_(
     Example: trajtune eval --model Qwen/Qwen3-0.6B --benchmark bfcl --categories simple,multiple --limit 50 --out runs/bfcl
 
     Example: trajtune eval --model openai:http://127.0.0.1:8000/v1 --env home --tasks 50   (a `trajtune serve` or vLLM endpoint)
+
+    Example: trajtune eval --model runs/demo/sft/final --env home --judge openai:http://127.0.0.1:8000/v1 --judge-rubric my_rubric.txt
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -114,7 +127,9 @@ def eval_(
         env_kwargs=env_kwargs, tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
-        workers=workers, template=str(template) if template else None, render=render_overrides(set_))
+        workers=workers, template=str(template) if template else None, render=render_overrides(set_),
+        judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
+        judge_max_tokens=judge_max_tokens)
     backend = None
     if model.startswith("openai:"):
         from trajtune.envs.adapters.openai_policy import endpoint_policy
@@ -132,6 +147,11 @@ def eval_(
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
     if not quiet:
         console.print(summary_table(results))
+    failures = (results.get("metrics", {}).get("judge") or {}).get("parse_failures", 0)
+    if failures:  # even with -q: a judge that cannot be read must not pass unnoticed
+        console.print(f"[yellow]warning:[/yellow] the judge's reply had no score for {failures} of "
+                      f"{results['metrics']['judge']['episodes']} episodes (counted in metrics.judge.parse_failures; "
+                      "see metadata.judge.error in the episodes)", highlight=False, soft_wrap=True)
     if out is not None and report:
         from trajtune.report import report_after_run
 
@@ -150,13 +170,21 @@ def summary_table(results: dict[str, Any]) -> Any:
     m = results.get("metrics", {})
     ks = sorted((k for k in m if k.startswith("pass@")), key=lambda k: int(k[5:]))
     t = Table(title=f"{results.get('model')} on {results.get('target')}", title_justify="left")
-    for col in ("", "episodes", "success", *ks, "reward", "format err", "tool acc", "turns"):
+    judged = "judge" in m
+    for col in ("", "episodes", "success", *ks, "reward", "format err", "tool acc", "turns",
+                *(("judge",) if judged else ())):
         t.add_column(col, justify="left" if not col else "right")
+
+    def judge_cell(x: dict[str, Any]) -> str:
+        j = x.get("judge") or {}
+        mean = "-" if j.get("mean_score") is None else f"{j['mean_score']:.2f}"
+        return mean + (f" ({j['parse_failures']} unparsed)" if j.get("parse_failures") else "")
 
     def row(name: str, x: dict[str, Any]) -> None:
         t.add_row(name, str(x.get("episodes", 0)), _pct(x.get("success")), *(_pct(x.get(k)) for k in ks),
                   f"{x.get('mean_reward', 0.0):.3f}", _pct(x.get("format_error_rate")),
-                  _pct(x.get("tool_call_accuracy")), f"{x.get('mean_turns', 0.0):.1f}")
+                  _pct(x.get("tool_call_accuracy")), f"{x.get('mean_turns', 0.0):.1f}",
+                  *((judge_cell(x),) if judged else ()))
 
     row("all", m)
     for name, x in m.get("categories", {}).items():

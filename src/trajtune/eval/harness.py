@@ -64,6 +64,10 @@ class EvalSettings:
     batch_size: int = 16
     workers: int = 8
     step_timeout_s: float = 30.0
+    judge: str | None = None  # openai:URL or a local model: an LLM judge scores every episode (trajtune.judge)
+    judge_model: str | None = None  # the model name sent to the judge endpoint (default "default")
+    judge_rubric: str | None = None  # a text/Markdown rubric file (default: trajtune.judge.DEFAULT_RUBRIC)
+    judge_max_tokens: int | None = None  # token limit of the judge's reply (default 256)
 
     @property
     def samples(self) -> int:
@@ -102,6 +106,23 @@ class EvalSettings:
         if self.workers < 1 or self.batch_size < 1:
             raise UsageError("--workers and --batch-size must be at least 1")
         self.render_config()  # unknown or invalid render options fail before anything loads
+        self._validate_judge()
+
+    def _validate_judge(self) -> None:
+        if self.judge is None:
+            given = [o for o, v in (("--judge-model", self.judge_model), ("--judge-rubric", self.judge_rubric),
+                                    ("--judge-max-tokens", self.judge_max_tokens)) if v is not None]
+            if given:
+                raise UsageError(f"{', '.join(given)} configure the judge; give --judge openai:URL (or a model) too")
+            return
+        self.judge_model = self.judge_model or "default"
+        self.judge_max_tokens = 256 if self.judge_max_tokens is None else self.judge_max_tokens
+        if self.judge_max_tokens < 1:
+            raise UsageError("--judge-max-tokens must be at least 1")
+        if self.judge_rubric is not None:
+            from trajtune.judge import load_rubric
+
+            load_rubric(self.judge_rubric)  # a missing or empty file fails before anything runs
 
     def render_config(self) -> Any:
         """The validated render options as a ``RenderConfig``."""
@@ -245,10 +266,12 @@ def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: 
 
 def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = None,
                    progress: Callable[[int], None] | None = None,
-                   suites: list[Suite] | None = None) -> dict[str, Any]:
+                   suites: list[Suite] | None = None, judge: Any = None) -> dict[str, Any]:
     """Run (or finish) an evaluation and return its results; writes them through ``store`` if given.
 
     ``suites`` (from ``build_suites(settings)``) may be passed when the caller built them already.
+    ``judge`` (a ``trajtune.judge.Judge``) scores each batch of episodes before they are stored, so
+    its verdicts (``metadata["judge"]``) survive a resume.
     """
     settings.validate()
     verifier = get_verifier(settings.verifier) if settings.best_of else None
@@ -269,6 +292,8 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
             else:
                 trajs = _run_env_chunk(suite, chunk, backend, seed)
             trajs = [_annotate(tr, suite, t, i, samples) for tr, (t, i) in zip(trajs, chunk)]
+            if judge is not None:
+                judge.annotate(trajs)
             if store is not None:
                 store.append(trajs)
             else:

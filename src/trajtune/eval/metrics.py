@@ -24,6 +24,9 @@ Definitions (per episode unless said otherwise; aggregates are means over episod
   when the AST checker accepts the answer), that verdict is used. ``None`` when nothing was
   attempted.
 - ``mean_turns``: assistant messages per episode.
+- ``judge`` (only when ``--judge`` scored the episodes; ``trajtune.judge``): ``episodes`` judged,
+  ``scored`` (replies with a score), ``parse_failures`` (replies without one: counted, never
+  dropped) and ``mean_score`` over the scored ones (``None`` when none was).
 """
 
 from __future__ import annotations
@@ -155,7 +158,17 @@ def episode_stats(item: Any) -> dict[str, Any]:
         "calls_valid": valid,
         "calls_attempted": attempted,
         "termination": (traj.outcome.termination if traj.outcome else None) or "unknown",
+        "judge": _judge_score(traj),
     }
+
+
+def _judge_score(traj: Trajectory) -> tuple[float | None] | None:
+    """``None`` when the episode was not judged, else a 1-tuple of its score (``None``: no score parsed)."""
+    j = traj.metadata.get("judge")
+    if not isinstance(j, dict):
+        return None
+    score = j.get("score")
+    return (float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None,)
 
 
 _WS = re.compile(r"\s+")
@@ -210,6 +223,11 @@ def _aggregate(stats: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]
         "mean_turns": turns / n_ep,
         "terminations": dict(sorted(terminations.items())),
     }
+    judged = [s["judge"][0] for s in stats if s["judge"] is not None]
+    if judged:
+        from trajtune.judge import judge_summary
+
+        out["judge"] = judge_summary(judged)
     n_min = min(len(v) for v in by_task.values())
     for k in ks:
         if k <= n_min:

@@ -112,7 +112,16 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         if settings.parser == "auto":
             settings.parser = "hermes"
         settings.max_length = settings.max_length or FALLBACK_MAX_LENGTH
+    judge = None
+    if settings.judge is not None:  # an unreachable endpoint fails here, before anything is written
+        from trajtune.judge import make_judge
+
+        judge = make_judge(settings.judge, model=settings.judge_model or "default", rubric=settings.judge_rubric,
+                           max_tokens=settings.judge_max_tokens or 256, workers=settings.workers,
+                           device=settings.device)
     store = EvalStore(out_dir, settings.as_dict(), resume=resume, overwrite=overwrite) if out_dir is not None else None
+    for warning in store.warnings if store is not None else []:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
     try:
         if backend is None:
             from trajtune.models.loading import load_model
@@ -135,7 +144,7 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         target = settings.env or settings.benchmark
         try:
             with bar(f"eval {target}", total, enabled=not quiet) as adv:
-                return run_evaluation(settings, backend, store=store, progress=adv, suites=suites)
+                return run_evaluation(settings, backend, store=store, progress=adv, suites=suites, judge=judge)
         except KeyboardInterrupt:
             if store is None:
                 raise Interrupted("interrupted; nothing was stored (give --out DIR to make an evaluation "

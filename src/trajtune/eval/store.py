@@ -6,7 +6,7 @@ Layout of ``--out``:
   otherwise the finished episodes would be mixed with ones from a different setup.
 - ``episodes.jsonl``: one IR trajectory per finished episode, appended and ``fsync``-ed as each
   batch finishes, keyed by ``metadata["eval"]["task_id"]`` and ``["sample"]``. A crash can at
-  worst leave a partial last line; ``--resume`` drops it and carries on.
+  worst leave a partial last line; ``--resume`` drops it (with a warning) and carries on.
 - ``results.json``: the metrics, written last with temp file + rename.
 
 Episodes hold model output, which can be nested arbitrarily deep (a model that emits tool-call
@@ -69,6 +69,7 @@ class EvalStore:
         self.episodes_path = self.dir / EPISODES_FILE
         self.results_path = self.dir / RESULTS_FILE
         self.done: dict[Key, Trajectory] = {}
+        self.warnings: list[str] = []  # what a resume had to repair (the caller shows them)
         ours = [p for p in (self.run_path, self.episodes_path, self.results_path) if p.exists()]
         if ours and overwrite:
             for p in ours:
@@ -124,6 +125,8 @@ class EvalStore:
         if good_end < len(data):
             with self.episodes_path.open("r+b") as f:
                 f.truncate(good_end)
+            self.warnings.append(f"{self.episodes_path}: dropped a torn last line ({len(data) - good_end} bytes) left "
+                                 "by the interrupted run; that episode runs again")
         if good_end and data[good_end - 1:good_end] != b"\n":
             with self.episodes_path.open("ab") as f:
                 f.write(b"\n")

@@ -110,7 +110,9 @@ class OpenAIChatPolicy:
         body.update(self.extra_body)
         return body
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    def post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST one chat-completions request body and return the decoded response (retries as above;
+        ``PolicyError`` when it fails). Also used on its own, e.g. by ``trajtune.judge``."""
         data = json.dumps(body).encode("utf-8")
         headers = {"Content-Type": "application/json", **self.headers}
         if self._api_key:
@@ -138,7 +140,7 @@ class OpenAIChatPolicy:
         raise PolicyError(f"{last} (after {self.max_retries + 1} attempts)")
 
     def __call__(self, messages: list[Message], tools: list[ToolSpec]) -> Message:
-        resp = self._post(self.request_body(messages, tools))
+        resp = self.post(self.request_body(messages, tools))
         try:
             choice = resp["choices"][0]
         except (KeyError, IndexError, TypeError):
