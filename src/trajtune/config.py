@@ -46,9 +46,10 @@ class DataSpec(_C):
     path: str = Field(description="training data file (JSONL/JSON in any supported format; `trajtune data "
                                   "validate` checks it)")
     format: str | None = Field(None, description="input format; auto-detected when omitted")
-    train_on: Literal["all", "last", "hint"] = Field(
+    train_on: Literal["all", "last", "hint", "all_tokens"] = Field(
         "hint", description="which assistant turns carry loss: all, the last one, or as each message's train hint "
-                            "says (all when there is none)")
+                            "says (all when there is none); all_tokens: every token, system, user and tool results "
+                            "too (agentic continual pre-training; the only choice for format: text)")
     mask_errors: bool = Field(False, description="error-masked SFT: an assistant turn that made an invalid call, drew "
                                                  "an error observation or carries a verifier flag stays in context "
                                                  "with weight 0; later turns (the recovery) are trained "
@@ -67,6 +68,15 @@ class DataSpec(_C):
         if isinstance(v, dict) and "non_prefix" in v:
             raise ValueError("data.non_prefix moved to render.non_prefix (with the other chat-template options)")
         return v
+
+    @model_validator(mode="after")
+    def _cpt(self) -> "DataSpec":
+        if self.format == "text" and self.train_on != "all_tokens":
+            raise ValueError("data.format: text (plain-text documents) has no assistant turns: set data.train_on: "
+                             "all_tokens to continue pre-training on it")
+        if self.train_on == "all_tokens" and self.mask_errors:
+            raise ValueError("data.mask_errors does not combine with train_on: all_tokens (which trains every token)")
+        return self
 
 
 class RenderSpec(_C):

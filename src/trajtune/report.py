@@ -188,7 +188,10 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
     for p in sorted((run / "rft").glob("iter-*.jsonl")) if (run / "rft").is_dir() else []:
         sources.append((f"rft:{p.stem}", _jsonl(p)))
     data_path = (cfg.get("data") or {}).get("path") if isinstance(cfg.get("data"), dict) else None
-    if data_path and data.kind in ("sft", "rft"):
+    if data_path and data.kind in ("sft", "rft") and (cfg.get("data") or {}).get("format") == "text":
+        data.notes.append(f"training data {data_path} is a plain-text corpus (continual pre-training): no "
+                          "conversations to show")
+    elif data_path and data.kind in ("sft", "rft"):
         p = Path(data_path)
         if p.exists() and p.suffix in (".jsonl", ".json"):
             try:

@@ -200,6 +200,9 @@ class RFTRunConfig(EnvRunBase):
         if self.train.steps % self.rft.iterations:
             raise ValueError(f"train.steps ({self.train.steps}) must be a multiple of rft.iterations "
                              f"({self.rft.iterations}): each iteration trains the same number of steps")
+        if self.data is not None and self.data.train_on == "all_tokens":
+            raise ValueError("data.train_on: all_tokens (continual pre-training) is an sft option; rft trains "
+                             "assistant turns")
         if self.data is not None and self.data.mask_errors and self.data.train_on == "last":
             raise ValueError("data.mask_errors with data.train_on: last is not supported by rft (the policy's own "
                              "attempts would then train every turn); use train_on: all or hint")

@@ -20,7 +20,7 @@ from trajtune.algorithms.batch import Batch, selected_logits
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.config import DataSpec, RunBase
 from trajtune.errors import DataError, require_input
-from trajtune.tokens import TokenTrajectory
+from trajtune.tokens import SOURCE_PAD, SOURCE_PROMPT, TokenTrajectory
 
 
 def eaft_weights(logits: torch.Tensor, top_k: int = 20, alpha: float = 1.0) -> torch.Tensor:
@@ -41,12 +41,20 @@ class SFTObjective:
     eaft_top_k: int = 20
     eaft_alpha: float = 1.0
     name: str = "sft"
+    #: continual pre-training (``data.train_on: all_tokens``): every token with weight > 0 is trained,
+    #: whatever its source; otherwise only policy tokens are
+    all_tokens: bool = False
+
+    def _mask(self, batch: Batch) -> torch.Tensor:
+        if self.all_tokens:
+            return ((batch.source != SOURCE_PAD) & (batch.weight > 0)).float()[:, 1:]
+        return batch.loss_mask()
 
     def denominator(self, batch: Batch) -> float:
-        return float((batch.loss_mask() * batch.weight[:, 1:]).sum())
+        return float((self._mask(batch) * batch.weight[:, 1:]).sum())
 
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
-        mask = batch.loss_mask()
+        mask = self._mask(batch)
         # Only positions that predict a trained token need logits: with a real vocabulary (49 k for
         # SmolLM2) the LM head and the cross-entropy over all positions are a quarter of the step.
         keep = mask.any(0).nonzero().squeeze(-1)
@@ -153,8 +161,32 @@ def mask_errors(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, 
     return out, dict(sorted(total.items()))
 
 
+def pack_documents(path: str, tokenizer: Any, max_length: int) -> tuple[list[TokenTrajectory], dict[str, Any]]:
+    """``data.format: text``: documents tokenized, each closed by the eos token, concatenated and cut
+    into blocks of ``max_length`` tokens (packing, as continual pre-training does: attention spans
+    document boundaries within a block). Every token is trained; its source is ``prompt``."""
+    from trajtune.formats.text import iter_documents
+
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    n_docs = 0
+    for _, text in iter_documents(path):
+        stream += tokenizer.encode(text, add_special_tokens=False) + ([eos] if eos is not None else [])
+        n_docs += 1
+    if n_docs == 0:
+        raise DataError(f"{path}: no non-empty document")
+    blocks = [stream[i:i + max_length] for i in range(0, len(stream), max_length)]
+    blocks = [b for b in blocks if len(b) >= 2]  # one token predicts nothing
+    tts = [TokenTrajectory(ids=b, source=[SOURCE_PROMPT] * len(b), turn=[0] * len(b), weight=[1.0] * len(b),
+                           traj_id=f"text-{k}") for k, b in enumerate(blocks)]
+    return tts, {"train_records": len(tts), "documents": n_docs, "tokens": len(stream)}
+
+
 def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory], dict[str, Any]]:
     require_input(cfg.data.path, "data.path")
+    if cfg.data.format == "text":
+        tts, counts = pack_documents(cfg.data.path, ctx.tokenizer, cfg.data.max_length)
+        return tts, counts
     trajs, load = load_records(cfg.data)
     trajs, masked = mask_errors(trajs, cfg.data)
     tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length, cfg.data.truncation,
@@ -171,7 +203,8 @@ def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTraject
     tts, counts = prepared
     t = cfg.train
     return Recipe(source=DatasetSource(tts, t.batch_size, cfg.seed),
-                  objective=SFTObjective(t.eaft, t.eaft_top_k, t.eaft_alpha),
+                  objective=SFTObjective(t.eaft, t.eaft_top_k, t.eaft_alpha,
+                                         all_tokens=cfg.data.train_on == "all_tokens"),
                   micro_batch_size=min(t.micro_batch_size, t.batch_size), result=counts,
                   shown=("loss", "token_accuracy"), plot=("loss.png", ("loss", "token_accuracy"), "SFT"))
 

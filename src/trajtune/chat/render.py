@@ -64,8 +64,10 @@ ToolFormatName = Literal["auto", "native", "hermes", "llama3_json", "pythonic"]
 class RenderConfig:
     """How to turn assistant turns into trained tokens.
 
-    ``train_on``: ``all`` assistant turns, ``last`` turn only, or ``hint`` (every assistant turn
-    unless its ``train`` flag is False). ``end_of_turn``: the string(s) that close an assistant turn
+    ``train_on``: ``all`` assistant turns, ``last`` turn only, ``hint`` (every assistant turn
+    unless its ``train`` flag is False), or ``all_tokens``: every token, system, user and tool
+    results included (agentic continual pre-training; provenance stays as it is, only weights
+    change). ``end_of_turn``: the string(s) that close an assistant turn
     (default: detected from the template per turn type — an answer and a tool call may close
     differently — else the tokenizer's eos token). ``non_prefix``: what to do when a template
     rewrites earlier turns (e.g. drops past ``<think>`` blocks): ``error`` raises; ``split`` makes
@@ -85,7 +87,7 @@ class RenderConfig:
     ``{"enable_thinking": False}``).
     """
 
-    train_on: Literal["all", "last", "hint"] = "hint"
+    train_on: Literal["all", "last", "hint", "all_tokens"] = "hint"
     end_of_turn: str | list[str] | None = None
     non_prefix: Literal["error", "split"] = "error"
     call_ids: Literal["auto", "keep", "mistral"] = "auto"
@@ -700,7 +702,7 @@ class ChatRenderer:
                 ids += tids
                 source += [src] * len(tids)
                 turn += [n_turns] * len(tids)
-                weight += [0.0] * len(tids)
+                weight += [1.0 if self.config.train_on == "all_tokens" else 0.0] * len(tids)
         return self._token_trajectory(traj, ids, source, turn, weight)
 
     def render_split(self, traj: Trajectory, include_untrained: bool = False) -> list[TokenTrajectory]:
@@ -711,6 +713,9 @@ class ChatRenderer:
         policy. ``turn`` is the turn's index in the conversation for every token of the sample.
         Turns with weight 0 (``train_on``) are left out unless ``include_untrained``.
         """
+        if self.config.train_on == "all_tokens":  # the split repeats each prefix: its tokens would count n times
+            raise RenderError("train_on: all_tokens needs a template that keeps earlier turns unchanged "
+                              "(render.non_prefix: split repeats every prefix)")
         assistant_idx = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
         last_assistant = assistant_idx[-1] if assistant_idx else -1
         samples: list[TokenTrajectory] = []
