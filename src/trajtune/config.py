@@ -42,6 +42,28 @@ class ModelSpec(_C):
         return {"name_or_path": v} if isinstance(v, str) else v
 
 
+class CriticalSteps(_C):
+    """Critical-step SFT (ATLaS): only the selected assistant turns carry loss."""
+
+    selector: Literal["heuristic", "judge"] = Field(
+        "heuristic", description="heuristic: points for the four ATLaS criteria read off the record (errors before "
+                                 "the turn, per-turn reward, plan text, new tools); judge: an LLM picks the turns")
+    ratio: float = Field(0.3, gt=0, le=1, description="target share of assistant turns to train (at least one per "
+                                                      "record)")
+    judge: str | None = Field(None, description="with selector: judge: openai:URL (an OpenAI-compatible endpoint) "
+                                                "or a local model (alias, path)")
+    judge_model: str = Field("default", description="with an openai: judge: the model name sent to the endpoint")
+
+    @model_validator(mode="after")
+    def _judge(self) -> "CriticalSteps":
+        if self.selector == "judge" and not self.judge:
+            raise ValueError("data.critical_steps.selector: judge needs data.critical_steps.judge (openai:URL or a "
+                             "model)")
+        if self.selector != "judge" and ("judge" in self.non_default() or "judge_model" in self.non_default()):
+            raise ValueError("data.critical_steps.judge / judge_model only apply to selector: judge")
+        return self
+
+
 class DataSpec(_C):
     path: str = Field(description="training data file (JSONL/JSON in any supported format; `trajtune data "
                                   "validate` checks it)")
@@ -54,6 +76,9 @@ class DataSpec(_C):
                                                  "an error observation or carries a verifier flag stays in context "
                                                  "with weight 0; later turns (the recovery) are trained "
                                                  "(docs/algorithms.md)")
+    critical_steps: CriticalSteps | None = Field(
+        None, description="critical-step SFT (ATLaS): train only the selected turns, the others stay in context "
+                          "(docs/algorithms.md)")
     max_length: int = Field(2048, gt=8, description="tokens per sample at most; longer samples follow truncation")
     truncation: Literal["drop", "truncate", "error"] = Field(
         "drop", description="a sample over max_length: drop it (counted in result.json), cut it, or stop with an "
@@ -74,8 +99,9 @@ class DataSpec(_C):
         if self.format == "text" and self.train_on != "all_tokens":
             raise ValueError("data.format: text (plain-text documents) has no assistant turns: set data.train_on: "
                              "all_tokens to continue pre-training on it")
-        if self.train_on == "all_tokens" and self.mask_errors:
-            raise ValueError("data.mask_errors does not combine with train_on: all_tokens (which trains every token)")
+        if self.train_on == "all_tokens" and (self.mask_errors or self.critical_steps is not None):
+            raise ValueError("data.mask_errors / data.critical_steps do not combine with train_on: all_tokens "
+                             "(which trains every token)")
         return self
 
 

@@ -271,7 +271,8 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     data = getattr(cfg, "data", None)
     # error masking writes train_on's choice into per-message flags (algorithms/error_mask.py)
-    train_on = ("hint" if data.mask_errors else data.train_on) if isinstance(data, DataSpec) else "hint"
+    train_on = (("hint" if data.mask_errors or data.critical_steps is not None else data.train_on)
+                if isinstance(data, DataSpec) else "hint")
     renderer = ChatRenderer(tok, cfg.render.to_render_config(train_on=train_on))
     check_chat_template(tok, renderer.config, cfg.model.name_or_path)
     ctx = RunContext(tokenizer=tok, renderer=renderer, quiet=quiet)

@@ -79,20 +79,28 @@ def error_turns(traj: Trajectory) -> dict[int, Reason]:
     return out
 
 
+def explicit_flags(traj: Trajectory, train_on: str) -> Trajectory:
+    """A copy whose assistant messages carry ``train_on``'s choice (all / last / hint) as explicit
+    ``train`` flags, so that rendering it with ``train_on: hint`` trains the same turns."""
+    assistant = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    last = assistant[-1] if assistant else -1
+    out = traj.model_copy(deep=True)
+    for i in assistant:
+        m = out.messages[i]
+        m.train = {"all": True, "last": i == last}.get(train_on, m.train is not False)
+    return out
+
+
 def mask_error_turns(traj: Trajectory, train_on: str) -> tuple[Trajectory, Counter]:
     """A copy whose assistant messages carry explicit ``train`` flags: ``train_on``'s choice, with
     error turns set to ``False``. Render it with ``train_on: hint``. Returns the copy and the masked
     turns counted by reason."""
     errors = error_turns(traj)
-    assistant = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
-    last = assistant[-1] if assistant else -1
-    out = traj.model_copy(deep=True)
+    out = explicit_flags(traj, train_on)
     masked: Counter = Counter()
-    for i in assistant:
+    for i, reason in errors.items():
         m = out.messages[i]
-        wanted = {"all": True, "last": i == last}.get(train_on, m.train is not False)
-        if wanted and i in errors:
-            masked[errors[i]] += 1
-            wanted = False
-        m.train = wanted
+        if m.train:
+            masked[reason] += 1
+            m.train = False
     return out, masked

@@ -203,16 +203,17 @@ class RFTRunConfig(EnvRunBase):
         if self.data is not None and self.data.train_on == "all_tokens":
             raise ValueError("data.train_on: all_tokens (continual pre-training) is an sft option; rft trains "
                              "assistant turns")
-        if self.data is not None and self.data.mask_errors and self.data.train_on == "last":
-            raise ValueError("data.mask_errors with data.train_on: last is not supported by rft (the policy's own "
-                             "attempts would then train every turn); use train_on: all or hint")
+        if self.data is not None and (self.data.mask_errors or self.data.critical_steps is not None) \
+                and self.data.train_on == "last":
+            raise ValueError("data.mask_errors / data.critical_steps with data.train_on: last are not supported by "
+                             "rft (the policy's own attempts would then train every turn); use train_on: all or hint")
         if self.rft.eef and self.data is None:
             raise ValueError("rft.eef needs data.path: the expert trajectories whose failures are mined")
         return self
 
 
 def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
-    from trajtune.algorithms.sft import load_records, mask_errors, render_training_data
+    from trajtune.algorithms.sft import critical_steps, load_records, mask_errors, render_training_data
 
     env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment
     if cfg.rft.eef and not env.deterministic:
@@ -229,6 +230,9 @@ def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
         trajs, masked = mask_errors(trajs, cfg.data)
         if masked:
             counts["error_turns_masked"] = masked
+        trajs, critical = critical_steps(trajs, cfg.data)
+        if critical:
+            counts["critical_steps"] = critical
         experts = [t for t in trajs if not (t.outcome is not None and t.outcome.success is False)]
         by_id = {t.id: t for t in tasks}
         if cfg.rft.eef:

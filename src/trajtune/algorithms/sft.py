@@ -161,6 +161,18 @@ def mask_errors(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, 
     return out, dict(sorted(total.items()))
 
 
+def critical_steps(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, Any]]:
+    """``data.critical_steps``: only the selected turns keep their weight (critical_steps.py); returns
+    the rewritten records and the selection counts (for result.json)."""
+    if spec.critical_steps is None:
+        return trajs, {}
+    from trajtune.algorithms.critical_steps import make_selector, select_critical
+
+    # after mask_errors the flags are explicit already: keep them
+    return select_critical(trajs, spec.critical_steps, "hint" if spec.mask_errors else spec.train_on,
+                           make_selector(spec.critical_steps))
+
+
 def pack_documents(path: str, tokenizer: Any, max_length: int) -> tuple[list[TokenTrajectory], dict[str, Any]]:
     """``data.format: text``: documents tokenized, each closed by the eos token, concatenated and cut
     into blocks of ``max_length`` tokens (packing, as continual pre-training does: attention spans
@@ -189,12 +201,14 @@ def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory],
         return tts, counts
     trajs, load = load_records(cfg.data)
     trajs, masked = mask_errors(trajs, cfg.data)
+    trajs, critical = critical_steps(trajs, cfg.data)
     tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length, cfg.data.truncation,
                                        ctx.quiet)
     return tts, {"train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
                  "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
                  "dropped_records": counts["dropped_records"],
-                 **({"error_turns_masked": masked} if cfg.data.mask_errors else {})}
+                 **({"error_turns_masked": masked} if cfg.data.mask_errors else {}),
+                 **({"critical_steps": critical} if critical else {})}
 
 
 def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:
