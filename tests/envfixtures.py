@@ -74,3 +74,24 @@ class Bank:
 
 def bank_reward(bank, task) -> float:
     return float(bank.balance == task.data["target"])
+
+
+# --- reward composition (tests/test_reward_terms.py) -------------------------------------------
+
+from trajtune.envs.home import HomeEnv  # noqa: E402
+
+
+class TermsHome(HomeEnv):
+    """``home`` that also reports named reward terms every step: ``calls`` (its tool calls) and
+    ``steps`` (1)."""
+
+    def step(self, action):
+        res = super().step(action)
+        res.info = {**res.info, "reward_terms": {"calls": float(len(action.tool_calls or [])), "steps": 1.0}}
+        return res
+
+
+def mentions_done(traj) -> float:
+    """A reward plug-in: 1 if the final assistant message says Done."""
+    last = next((m for m in reversed(traj.messages) if m.role == "assistant"), None)
+    return float(last is not None and "Done" in (last.text() or ""))

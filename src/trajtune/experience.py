@@ -93,6 +93,8 @@ class RolloutSource:
     renderer: ChatRenderer | None = None
     on_episodes: Callable[[int, list[Any]], None] | None = None
     sampler: Any = None  # a sampler replacing the local one (a generation server's: remote.ServerSampler)
+    #: sets each episode's training reward from named terms (rl.reward: algorithms/rewards.py)
+    compose: Callable[[int, list[Any]], dict[str, float]] | None = None
 
     def _tasks(self, step: int, round_no: int) -> list[Task]:
         n = len(self.tasks)
@@ -142,6 +144,10 @@ class RolloutSource:
             tts, episodes = self._round(step, rounds, model)
             for e in episodes:
                 e.trajectory.metadata["policy_version"] = version
+            if self.compose is not None:
+                shaped = self.compose(step, episodes)
+                if rounds == 0:
+                    metrics.update(shaped)
             rounds += 1
             all_eps += episodes
             if rounds == 1:  # the batch's behaviour metrics: the first round, as without dynamic sampling

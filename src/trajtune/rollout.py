@@ -71,6 +71,7 @@ class _Live:
     termination: str | None = None
     taken_ids: set[str] = field(default_factory=set)
     error: str | None = None
+    reward_info: dict[str, float] = field(default_factory=dict)  # info["reward_terms"], summed over steps
     cache: Any = None  # what the sampler keeps of ids[:cache.n]: a RowCache, or a server's remote.Sent
     index: int = 0  # the task's position in the run_rollouts call (where its episode goes)
 
@@ -253,6 +254,11 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
         for (e, msg), res in zip(stepping, stepped):
             e.reward += float(res.reward)
             msg.reward = float(res.reward)  # a turn's reward sits on the assistant message that earned it
+            terms = res.info.get("reward_terms")
+            if isinstance(terms, dict):  # named reward terms an environment reports (rl.reward: info.NAME)
+                for k, v in terms.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        e.reward_info[str(k)] = e.reward_info.get(str(k), 0.0) + float(v)
             if isinstance(res.info.get("tools"), list) and res.info["tools"]:
                 e.tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in res.info["tools"]]
             if res.observations:
@@ -290,7 +296,8 @@ def _finish(e: _Live) -> Episode:
         reward=e.reward,
         outcome=Outcome(success=success, final_answer=final, termination=e.termination),
         metadata={"env": e.env.name, "seed": e.task.seed, "split": e.task.split, "turns": e.turns,
-                  "format_errors": e.format_errors, **({"error": e.error} if e.error else {})},
+                  "format_errors": e.format_errors, **({"error": e.error} if e.error else {}),
+                  **({"reward_info": e.reward_info} if e.reward_info else {})},
     )
     tt = TokenTrajectory(
         ids=e.ids, source=e.source, turn=e.turn,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.rewards import RewardComposer, RewardSpec
 from trajtune.config import EnvRunBase, TrainSpec, _C
 from trajtune.errors import ConfigError
 from trajtune.envs.base import make_env
@@ -79,6 +80,10 @@ class RLSpec(_C):
         False, description="sample step k+1's rollouts in the background while step k trains (staleness 1: "
                            "they come from the policy before step k's update; the clipped ratio is taken against "
                            "their sampling log-probs); one process, a model the KV-cache sampler serves")
+    reward: RewardSpec | None = Field(
+        None, description="the training reward as weighted named terms with an optional per-stage schedule "
+                          "(env, success, format, length, turns, info.NAME from the environment, module:function "
+                          "plug-ins); each term is logged as reward/NAME (docs/algorithms.md, Reward composition)")
     credit: Literal["episode", "turn"] = Field(
         "episode", description="episode: the episode reward's advantage on every policy token; turn: each turn's "
                                "discounted return compared across the group's turns at the same depth (per-turn "
@@ -160,6 +165,8 @@ def episode_writer(path: Path) -> Any:
 
 def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
+    if cfg.rl.reward is not None:
+        RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
     server = cfg.rollout.server
     if server is None:
         return None
@@ -196,7 +203,8 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            per_round=per_round, per_batch=per_batch,
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
-                           seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path))
+                           seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
+                           compose=RewardComposer(r.reward) if r.reward is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
         source, on_weights = _through_server(source, prepared, cfg, ctx)
