@@ -95,3 +95,30 @@ def mentions_done(traj) -> float:
     """A reward plug-in: 1 if the final assistant message says Done."""
     last = next((m for m in reversed(traj.messages) if m.role == "assistant"), None)
     return float(last is not None and "Done" in (last.text() or ""))
+
+
+# --- curriculum (tests/test_curriculum.py) ---------------------------------------------------
+
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task  # noqa: E402
+from trajtune.schema import Message as _Message  # noqa: E402
+
+
+class LevelsEnv(Environment):
+    """Tasks of difficulty i % 3; any reply ends the episode as a success with reward 1."""
+
+    name = "levels"
+    deterministic = True
+
+    def tasks(self, split, n, seed=0):
+        return [Task(id=f"levels-{split}-{i}", seed=i, split=split, data={"difficulty": i % 3}) for i in range(n)]
+
+    def reset(self, task):
+        self.task = task
+        return ResetResult(messages=[_Message(role="user", content=f"Say anything (level {task.data['difficulty']}).")],
+                           tools=[])
+
+    def step(self, action):
+        return StepResult(observations=[], reward=1.0, done=True)
+
+    def success(self):
+        return True

@@ -95,8 +95,19 @@ class RolloutSource:
     sampler: Any = None  # a sampler replacing the local one (a generation server's: remote.ServerSampler)
     #: sets each episode's training reward from named terms (rl.reward: algorithms/rewards.py)
     compose: Callable[[int, list[Any]], dict[str, float]] | None = None
+    curriculum: Any = None  # algorithms/curriculum.Curriculum: which tasks are in the pool (rl.curriculum)
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The curriculum's level and counts for the checkpoint (None: nothing to save)."""
+        return {"curriculum": self.curriculum.state_dict()} if self.curriculum is not None else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.curriculum is not None and "curriculum" in state:
+            self.curriculum.load_state_dict(state["curriculum"])
 
     def _tasks(self, step: int, round_no: int) -> list[Task]:
+        if self.curriculum is not None:
+            return self.curriculum.pick(step, round_no, self.tasks_per_step, self.seed)
         n = len(self.tasks)
         if round_no == 0:
             return [self.tasks[(step * self.tasks_per_step + i) % n] for i in range(self.tasks_per_step)]
@@ -167,6 +178,8 @@ class RolloutSource:
             n_groups = len({t.group for t in kept})
             if target is None or n_groups >= target or rounds >= self.max_rounds:
                 break
+        if self.curriculum is not None:
+            metrics.update(self.curriculum.observe(all_eps))
         if target is not None:
             metrics["sampling_rounds"] = float(rounds)
             groups = list(dict.fromkeys(t.group for t in kept))[:target]  # the first `target` groups

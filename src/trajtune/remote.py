@@ -241,6 +241,11 @@ class ServerSynced:
     def __init__(self, inner: Any, sync: WeightSync):
         self.inner, self.sync = inner, sync
 
+    def __getattr__(self, name: str) -> Any:  # state_dict / close / ... of the wrapped source
+        if name in ("inner", "sync"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     def batch(self, step: int, model: Any) -> Any:
         self.sync.ensure(step, model)
         return self.inner.batch(step, model)

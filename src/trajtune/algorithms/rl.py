@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
 from trajtune.config import EnvRunBase, TrainSpec, _C
 from trajtune.errors import ConfigError
@@ -80,6 +81,9 @@ class RLSpec(_C):
         False, description="sample step k+1's rollouts in the background while step k trains (staleness 1: "
                            "they come from the policy before step k's update; the clipped ratio is taken against "
                            "their sampling log-probs); one process, a model the KV-cache sampler serves")
+    curriculum: CurriculumSpec | None = Field(
+        None, description="train on the easiest tasks first (task.data['difficulty']) and add the next level once "
+                          "the current one is solved often enough (docs/algorithms.md, Curriculum)")
     reward: RewardSpec | None = Field(
         None, description="the training reward as weighted named terms with an optional per-stage schedule "
                           "(env, success, format, length, turns, info.NAME from the environment, module:function "
@@ -120,6 +124,9 @@ class RLSpec(_C):
                              f"{self.estimator}")
         if "whitening" in s and not self.estimator.startswith("reinforce_pp"):
             raise ValueError("rl.whitening only applies to the reinforce_pp estimators")
+        if self.curriculum is not None and self.async_rollouts:
+            raise ValueError("rl.curriculum with rl.async_rollouts is not supported (the next step's tasks would be "
+                             "chosen before this step's successes are counted)")
         if self.mini_batches > self.tasks_per_step:
             raise ValueError(f"rl.mini_batches ({self.mini_batches}) > rl.tasks_per_step ({self.tasks_per_step}): "
                              "a mini-batch holds whole groups, so some would be empty")
@@ -167,6 +174,9 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
     if cfg.rl.reward is not None:
         RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
+    if cfg.rl.curriculum is not None:  # tasks without levels are refused before anything is written
+        Curriculum(cfg.rl.curriculum, make_env(cfg.env.name, **cfg.env.kwargs).tasks("train", cfg.rl.n_train_tasks,
+                                                                                      seed=cfg.seed), cfg.env.name)
     server = cfg.rollout.server
     if server is None:
         return None
@@ -204,7 +214,8 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
-                           compose=RewardComposer(r.reward) if r.reward is not None else None)
+                           compose=RewardComposer(r.reward) if r.reward is not None else None,
+                           curriculum=Curriculum(r.curriculum, tasks, env_name) if r.curriculum is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
         source, on_weights = _through_server(source, prepared, cfg, ctx)

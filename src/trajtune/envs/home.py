@@ -66,7 +66,8 @@ def make_task(seed: int, split: str, kinds: list[str] | None = None) -> Task:
     state = {r: {d: rng.choice(STATES) for d in DEVICES} for r in ROOMS}
     room = rng.choice(ROOMS)
     device = rng.choice(DEVICES)
-    data: dict[str, Any] = {"kind": kind, "room": room, "device": device}
+    # "difficulty" (0 set, 1 copy, 2 toggle) is what rl.curriculum buckets tasks by
+    data: dict[str, Any] = {"kind": kind, "room": room, "device": device, "difficulty": KINDS.index(kind)}
     if kind == "set":
         goal = rng.choice(STATES)
         state[room][device] = _other(goal)  # the task always requires a change
