@@ -19,6 +19,7 @@ from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientO
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
+from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec
 from trajtune.config import EnvRunBase, TrainSpec, _C
 from trajtune.errors import ConfigError
 from trajtune.envs.base import make_env
@@ -84,6 +85,9 @@ class RLSpec(_C):
     curriculum: CurriculumSpec | None = Field(
         None, description="train on the easiest tasks first (task.data['difficulty']) and add the next level once "
                           "the current one is solved often enough (docs/algorithms.md, Curriculum)")
+    turn_judge: TurnJudgeSpec | None = Field(
+        None, description="an LLM grades every turn -1/0/+1; c · score is added to the turn's reward (with credit: "
+                          "episode, R = outcome + c · sum of scores) (docs/algorithms.md, Judge-scored turns)")
     reward: RewardSpec | None = Field(
         None, description="the training reward as weighted named terms with an optional per-stage schedule "
                           "(env, success, format, length, turns, info.NAME from the environment, module:function "
@@ -174,6 +178,10 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
     if cfg.rl.reward is not None:
         RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
+    if cfg.rl.turn_judge is not None and cfg.rl.turn_judge.judge.startswith("openai:"):
+        from trajtune.envs.adapters.openai_policy import endpoint_policy
+
+        endpoint_policy(cfg.rl.turn_judge.judge, cfg.rl.turn_judge.judge_model, option="rl.turn_judge.judge")
     if cfg.rl.curriculum is not None:  # tasks without levels are refused before anything is written
         Curriculum(cfg.rl.curriculum, make_env(cfg.env.name, **cfg.env.kwargs).tasks("train", cfg.rl.n_train_tasks,
                                                                                       seed=cfg.seed), cfg.env.name)
@@ -189,6 +197,22 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     client = ServerClient(server.url, server.model, server.timeout_s)
     client.check(len(ctx.tokenizer), ctx.renderer.stop_ids())  # before anything is written (ServerError)
     return client
+
+
+def _episode_hooks(r: RLSpec) -> Any:
+    """What sets each episode's reward after sampling: reward composition, then judge-scored turns."""
+    hooks = ([RewardComposer(r.reward)] if r.reward is not None else []) + \
+        ([TurnJudge.from_spec(r.turn_judge)] if r.turn_judge is not None else [])
+    if not hooks:
+        return None
+
+    def run(step: int, episodes: list[Any]) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for h in hooks:
+            metrics.update(h(step, episodes))
+        return metrics
+
+    return run
 
 
 def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
@@ -214,7 +238,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
-                           compose=RewardComposer(r.reward) if r.reward is not None else None,
+                           compose=_episode_hooks(r),
                            curriculum=Curriculum(r.curriculum, tasks, env_name) if r.curriculum is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
