@@ -4,7 +4,7 @@ Why: an outcome reward says whether the episode worked, not which turn helped. A
 the transcript can say that turn 2 made progress and turn 3 repeated a failed call. Its scores are
 added to the per-turn rewards with a coefficient c:
 
-- with ``rl.credit: episode`` the episode's reward becomes R = outcome + c · Σ_k s_k (ALGORITHMS.md,
+- with ``rl.credit: episode`` the episode's reward becomes R = outcome + c · Σ_k s_k (docs/algorithms.md,
   turn-level credit (a));
 - with ``rl.credit: turn`` turn k's reward gets + c · s_k, and its return and advantage follow
   (turn-level credit (b)).
