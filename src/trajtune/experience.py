@@ -96,6 +96,8 @@ class RolloutSource:
     #: sets each episode's training reward from named terms (rl.reward: algorithms/rewards.py)
     compose: Callable[[int, list[Any]], dict[str, float]] | None = None
     curriculum: Any = None  # algorithms/curriculum.Curriculum: which tasks are in the pool (rl.curriculum)
+    #: sets per-episode values with the current model before the advantages (rl.credit: mc_critic)
+    critic: Callable[[int, list[Any], Any], dict[str, float]] | None = None
 
     def state_dict(self) -> dict[str, Any] | None:
         """The curriculum's level and counts for the checkpoint (None: nothing to save)."""
@@ -185,6 +187,9 @@ class RolloutSource:
             groups = list(dict.fromkeys(t.group for t in kept))[:target]  # the first `target` groups
             kept = [t for t in kept if t.group in set(groups)]
             metrics["kept_groups"] = float(len(groups))
+        if self.critic is not None:
+            live = {id(t) for t in kept}
+            metrics.update(self.critic(step, [e for e in all_eps if id(e.tokens) in live], model))
         for tr in self.per_batch:
             kept, m = tr(kept)
             metrics.update(m)
@@ -276,7 +281,7 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
                   drop_equal_groups: bool = False, whitening: Whitening = "token", masked_in_baseline: bool = False,
                   overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
                   temperature: float = 1.0, credit: str = "episode",
-                  gamma: float = 1.0) -> tuple[list[Transform], list[Transform]]:
+                  gamma: float = 1.0, lam: float = 1.0) -> tuple[list[Transform], list[Transform]]:
     """The RL transform lists, in order: (per round) non-finite rewards → termination policy →
     overlong penalty → informative-group filter; (per batch) group advantages → reference log-probs."""
 
@@ -299,6 +304,10 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
     def advantages(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
         if credit == "turn":
             kept, m = assign_turn_advantages(tts, estimator, gamma, masked_in_baseline)  # type: ignore[arg-type]
+        elif credit == "mc_critic":
+            from trajtune.algorithms.mc_critic import assign_mc_advantages
+
+            kept, m = assign_mc_advantages(tts, gamma, lam)
         else:
             kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
         skip = {"nonfinite_rewards"} | ({"equal_reward_groups"} if drop_equal_groups else set())

@@ -286,6 +286,11 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
     return results  # type: ignore[return-value]
 
 
+def _own_turn_rewards(e: _Live) -> list[float]:
+    rewards = [float(m.reward or 0.0) for m in e.messages if m.role == "assistant"]
+    return rewards[len(rewards) - e.turns:] if e.turns else []
+
+
 def _finish(e: _Live) -> Episode:
     success = bool(e.env.success()) if e.termination == "done" else False
     final = next((m.text() for m in reversed(e.messages) if m.role == "assistant" and not m.tool_calls), None)
@@ -304,8 +309,8 @@ def _finish(e: _Live) -> Episode:
         weight=[1.0 if s == SOURCE_POLICY else 0.0 for s in e.source],
         logprobs=e.logprobs, traj_id=e.task.id, reward=e.reward, success=success, termination=e.termination,
         meta={"format_errors": e.format_errors, "turns": e.turns,
-              # each assistant turn's own reward, in turn order (turn-level credit reads it)
-              "turn_rewards": [float(m.reward or 0.0) for m in e.messages if m.role == "assistant"]},
+              # the reward of each of the policy's own turns (not a replayed prefix's), in turn order
+              "turn_rewards": _own_turn_rewards(e)},
     )
     tt.check()
     if any(math.isnan(x) for x in e.logprobs):

@@ -187,17 +187,25 @@ def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
                   "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
 
 
-def turn_returns(t: TokenTrajectory, gamma: float) -> list[float]:
-    """G_k = Σ_{j≥k} γ^{j−k} r_j over the episode's assistant turns (``meta['turn_rewards']``).
-
-    Changes made to the episode's reward after the rollout (termination policy, overlong penalty)
-    land on the last turn, the one that ended the episode: with γ = 1, G_0 is the episode reward."""
+def turn_rewards(t: TokenTrajectory) -> list[float]:
+    """r_k of each policy turn (``meta['turn_rewards']``), with the changes made to the episode's
+    reward after the rollout (termination policy, overlong penalty) on the last turn, the one that
+    ended the episode, so they sum to the episode reward."""
     n = max((k for k, s in zip(t.turn, t.source) if s == SOURCE_POLICY), default=-1) + 1
     r = [float(x) for x in t.meta.get("turn_rewards", [])][:n]
     r += [0.0] * (n - len(r))
+    if r:
+        r[-1] += float(t.reward or 0.0) - sum(r)
+    return r
+
+
+def turn_returns(t: TokenTrajectory, gamma: float) -> list[float]:
+    """G_k = Σ_{j≥k} γ^{j−k} r_j over the episode's turns (``turn_rewards``): with γ = 1, G_0 is the
+    episode reward."""
+    r = turn_rewards(t)
+    n = len(r)
     if not r:
         return []
-    r[-1] += float(t.reward or 0.0) - sum(float(x) for x in t.meta.get("turn_rewards", [])[:n])
     out = [0.0] * n
     acc = 0.0
     for k in range(n - 1, -1, -1):

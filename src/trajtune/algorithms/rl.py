@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
+from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
 from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec
 from trajtune.config import EnvRunBase, TrainSpec, _C
@@ -92,11 +93,14 @@ class RLSpec(_C):
         None, description="the training reward as weighted named terms with an optional per-stage schedule "
                           "(env, success, format, length, turns, info.NAME from the environment, module:function "
                           "plug-ins); each term is logged as reward/NAME (docs/algorithms.md, Reward composition)")
-    credit: Literal["episode", "turn"] = Field(
+    credit: Literal["episode", "turn", "mc_critic"] = Field(
         "episode", description="episode: the episode reward's advantage on every policy token; turn: each turn's "
                                "discounted return compared across the group's turns at the same depth (per-turn "
-                               "rewards from the environment; docs/algorithms.md, Turn-level credit)")
-    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn)")
+                               "rewards from the environment); mc_critic: turn-level GAE with Monte-Carlo state "
+                               "values from extra rollouts (docs/algorithms.md, Turn-level credit, MC-Critic)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn or mc_critic)")
+    mc_critic: MCCriticSpec | None = Field(None, description="with credit: mc_critic: rollouts per state (samples) "
+                                                             "and GAE λ (lam); defaults when omitted")
     masked_in_baseline: bool = Field(
         False, description="count masked episodes (env errors, timeouts, non-finite rewards) in their group's "
                            "baseline; by default they are left out, since they say nothing about the policy")
@@ -121,8 +125,15 @@ class RLSpec(_C):
             raise ValueError(f"rl.group_size 1 gives zero advantages with estimator {self.estimator}; use >= 2")
         if self.group_size == 1 and (self.drop_equal_groups or self.dynamic_sampling is not None):
             raise ValueError("rl.drop_equal_groups / rl.dynamic_sampling with group_size 1 would drop every group")
-        if "gamma" in s and self.credit != "turn":
-            raise ValueError("rl.gamma only applies to credit: turn")
+        if "gamma" in s and self.credit == "episode":
+            raise ValueError("rl.gamma only applies to credit: turn or mc_critic")
+        if self.mc_critic is not None and self.credit != "mc_critic":
+            raise ValueError("rl.mc_critic only applies to credit: mc_critic")
+        if self.credit == "mc_critic" and ("estimator" in s or "whitening" in s):
+            raise ValueError("rl.credit: mc_critic computes its own advantages (turn-level GAE); rl.estimator and "
+                             "rl.whitening do not apply")
+        if self.credit == "mc_critic" and self.async_rollouts:
+            raise ValueError("rl.credit: mc_critic with rl.async_rollouts is not supported")
         if self.credit == "turn" and self.estimator.startswith("reinforce_pp"):
             raise ValueError("rl.credit: turn works with the group estimators (grpo, dr_grpo, rloo), not "
                              f"{self.estimator}")
@@ -182,6 +193,9 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
         from trajtune.envs.adapters.openai_policy import endpoint_policy
 
         endpoint_policy(cfg.rl.turn_judge.judge, cfg.rl.turn_judge.judge_model, option="rl.turn_judge.judge")
+    if cfg.rl.credit == "mc_critic" and not make_env(cfg.env.name, **cfg.env.kwargs).deterministic:
+        raise ConfigError(f"rl.credit: mc_critic replays each episode's actions to reach its states, and environment "
+                          f"{cfg.env.name!r} is not deterministic (docs/envs.md, Reaching a state)")
     if cfg.rl.curriculum is not None:  # tasks without levels are refused before anything is written
         Curriculum(cfg.rl.curriculum, make_env(cfg.env.name, **cfg.env.kwargs).tasks("train", cfg.rl.n_train_tasks,
                                                                                       seed=cfg.seed), cfg.env.name)
@@ -228,6 +242,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         estimator=r.estimator, termination=dict(r.termination),
         drop_equal_groups=r.drop_equal_groups or r.dynamic_sampling is not None, whitening=r.whitening,
         masked_in_baseline=r.masked_in_baseline, credit=r.credit, gamma=r.gamma,
+        lam=(r.mc_critic or MCCriticSpec()).lam,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
         ref_model=ref, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, temperature=temperature)
     env_name, kwargs = cfg.env.name, cfg.env.kwargs
@@ -239,6 +254,8 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
                            compose=_episode_hooks(r),
+                           critic=MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro,
+                                           tok, ctx.renderer, cfg.seed) if r.credit == "mc_critic" else None,
                            curriculum=Curriculum(r.curriculum, tasks, env_name) if r.curriculum is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step

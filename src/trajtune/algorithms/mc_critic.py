@@ -1,0 +1,116 @@
+"""MC-Critic (ProAct) and turn-level GAE (``rl.credit: mc_critic``).
+
+Why: group-relative advantages compare whole episodes; they cannot tell that turn 2 put an
+episode in a good spot and turn 3 threw it away. A critic can, but a learned value head needs its
+own training and is wrong early on. MC-Critic estimates the value of the state before each turn
+directly: V(s_k) = the mean discounted return of M fresh rollouts of the current policy from that
+state. The state is reached by replaying the episode's earlier actions through the environment
+(``Environment.reach``), so the environment must be deterministic. Then, per turn,
+
+    δ_k = r_k + γ · V(s_{k+1}) − V(s_k)      (V after the last turn = 0)
+    A_k = Σ_l (γλ)^l · δ_{k+l}
+
+and turn k's advantage goes to its policy tokens (λ = 1 gives A_k = G_k − V(s_k)). r_k are the
+episode's turn rewards after the termination policy and overlong penalty (``turn_rewards``); the
+Monte-Carlo returns use the rollouts' raw environment rewards. A rollout from s_k gets the turns
+the episode had left (``rollout.max_turns − k``). Cost: M rollouts per turn of every episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from pydantic import Field
+
+from trajtune.algorithms.grpo import groups_of, mark_nonfinite_rewards, turn_rewards
+from trajtune.config import _C
+from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
+
+
+class MCCriticSpec(_C):
+    samples: int = Field(4, gt=0, description="M: rollouts from each state whose mean return is its value")
+    lam: float = Field(1.0, ge=0, le=1, description="λ of turn-level GAE (1: A_k = G_k − V(s_k))")
+
+
+def discounted(rewards: list[float], gamma: float) -> float:
+    total = 0.0
+    for r in reversed(rewards):
+        total = r + gamma * total
+    return total
+
+
+def gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> list[float]:
+    """A_k = Σ_l (γλ)^l δ_{k+l}, δ_k = r_k + γ V_{k+1} − V_k, V after the last turn 0."""
+    n = len(rewards)
+    out = [0.0] * n
+    acc = 0.0
+    for k in range(n - 1, -1, -1):
+        nxt = values[k + 1] if k + 1 < n else 0.0
+        acc = rewards[k] + gamma * nxt - values[k] + gamma * lam * acc
+        out[k] = acc
+    return out
+
+
+def state_prefixes(messages: list[Any], n_turns: int) -> list[list[Any]]:
+    """The conversation before each of the first ``n_turns`` assistant turns."""
+    where = [i for i, m in enumerate(messages) if m.role == "assistant"][:n_turns]
+    return [list(messages[:i]) for i in where]
+
+
+class MCCritic:
+    """Episode hook: stores V(s_k) for every turn of every episode in ``meta['mc_values']``."""
+
+    def __init__(self, spec: MCCriticSpec, gamma: float, env_factory: Any, rollout: Any, tokenizer: Any,
+                 renderer: Any, seed: int = 0):
+        self.spec, self.gamma = spec, gamma
+        self.env_factory, self.rollout, self.tokenizer, self.renderer, self.seed = (
+            env_factory, rollout, tokenizer, renderer, seed)
+
+    def __call__(self, step: int, episodes: list[Any], model: Any) -> dict[str, float]:
+        from trajtune.rollout import run_rollouts
+
+        m = self.spec.samples
+        jobs: dict[int, list[tuple[int, Any, list[Any]]]] = {}  # depth -> (episode, task, prefix)
+        counts = []
+        for i, e in enumerate(episodes):
+            n = len(turn_rewards(e.tokens))
+            prefixes = state_prefixes(e.trajectory.messages, n)
+            counts.append(len(prefixes))
+            for k, p in enumerate(prefixes):
+                jobs.setdefault(k, []).append((i, e.task, p))
+        values: list[list[float]] = [[0.0] * c for c in counts]
+        n_rollouts = 0
+        for k, items in sorted(jobs.items()):
+            cfg = replace(self.rollout, max_turns=max(1, self.rollout.max_turns - k))
+            tasks = [t for _, t, _ in items for _ in range(m)]
+            prefixes = [p for _, _, p in items for _ in range(m)]
+            got = run_rollouts(model, self.tokenizer, self.env_factory, tasks, cfg,
+                               seed=self.seed * 1_000_003 + step * 7_919 + 104_723 * (k + 1),
+                               renderer=self.renderer, prefixes=prefixes)
+            n_rollouts += len(got)
+            for j, (i, _, _) in enumerate(items):
+                rets = [discounted(list(g.tokens.meta.get("turn_rewards", [])), self.gamma)
+                        for g in got[j * m:(j + 1) * m]]
+                values[i][k] = sum(rets) / len(rets)
+        for e, v in zip(episodes, values):
+            e.tokens.meta["mc_values"] = v
+            e.trajectory.metadata["mc_values"] = [round(x, 6) for x in v]
+        flat = [x for v in values for x in v]
+        return {"mc_rollouts": float(n_rollouts), "mc_value_mean": sum(flat) / len(flat) if flat else 0.0}
+
+
+def assign_mc_advantages(tts: list[TokenTrajectory], gamma: float = 1.0,
+                         lam: float = 1.0) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    """Turn-level GAE with the Monte-Carlo values (``meta['mc_values']``) on each turn's policy tokens;
+    masked episodes get 0."""
+    tts, n_nonfinite = mark_nonfinite_rewards(tts)
+    for t in tts:
+        r = turn_rewards(t)
+        v = list(t.meta.get("mc_values", []))[:len(r)]
+        v += [0.0] * (len(r) - len(v))
+        a = [0.0] * len(r) if t.meta.get("masked") else gae(r, v, gamma, lam)
+        t.meta["turn_advantages"] = [round(x, 6) for x in a]
+        t.advantages = [a[k] if s == SOURCE_POLICY and k < len(a) else 0.0 for s, k in zip(t.source, t.turn)]
+    return tts, {"groups": float(len(groups_of(tts))), "nonfinite_rewards": float(n_nonfinite),
+                 "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
