@@ -110,3 +110,27 @@ def test_config_refusals_and_an_rl_run(tmp_path, tiny_dir):
     assert row["mc_rollouts"] == 2 * sum(turns) and all(t >= 1 for t in turns)
     for e in eps:
         assert len(e["metadata"]["turn_advantages"]) == len(e["metadata"]["mc_values"])
+
+
+def test_rollout_rewards_get_the_same_shaping_as_the_episodes(monkeypatch):
+    import trajtune.rollout as rollout
+
+    def fake(model, tok, env_factory, tasks, cfg, seed=0, renderer=None, prefixes=None, **kw):
+        return [Episode(trajectory=Trajectory(id="r"), tokens=_tokens([0.0, 1.0] if j % 2 == 0 else [0.5]))
+                for j, _ in enumerate(prefixes)]
+
+    calls = []
+
+    def shape(step, eps):  # e.g. reward composition: every rollout's training reward becomes 2; one is masked
+        calls.append(len(eps))
+        for j, e in enumerate(eps):
+            e.tokens.reward = 2.0
+            if len(calls) == 2 and j == 1:  # the second state's second rollout: an environment error
+                e.tokens.meta["masked"] = True
+
+    monkeypatch.setattr(rollout, "run_rollouts", fake)
+    critic = MCCritic(MCCriticSpec(samples=2), 0.5, None, RolloutConfig(max_turns=4), None, None, shape=shape)
+    ep = Episode(trajectory=_traj(2), tokens=_tokens([0.0, 1.0]), turns=2)
+    critic(0, [ep], model=None)
+    # shaped turn rewards (0, 2) → 0.5·2 = 1 and (2) → 2; the second state's second rollout is masked
+    assert calls == [2, 2] and ep.tokens.meta["mc_values"] == pytest.approx([1.5, 1.0])

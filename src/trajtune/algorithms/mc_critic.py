@@ -11,9 +11,11 @@ state. The state is reached by replaying the episode's earlier actions through t
     A_k = Σ_l (γλ)^l · δ_{k+l}
 
 and turn k's advantage goes to its policy tokens (λ = 1 gives A_k = G_k − V(s_k)). r_k are the
-episode's turn rewards after the termination policy and overlong penalty (``turn_rewards``); the
-Monte-Carlo returns use the rollouts' raw environment rewards. A rollout from s_k gets the turns
-the episode had left (``rollout.max_turns − k``). Cost: M rollouts per turn of every episode.
+episode's turn rewards as trained (``turn_rewards``: after reward composition, the termination
+policy and the overlong penalty), and the Monte-Carlo rollouts' rewards go through the same
+shaping (``shape``), so V estimates the same quantity; a rollout the termination policy masks
+(an environment error) does not count in the mean. A rollout from s_k gets the turns the episode
+had left (``rollout.max_turns − k``). Cost: M rollouts per turn of every episode.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ class MCCritic:
     """Episode hook: stores V(s_k) for every turn of every episode in ``meta['mc_values']``."""
 
     def __init__(self, spec: MCCriticSpec, gamma: float, env_factory: Any, rollout: Any, tokenizer: Any,
-                 renderer: Any, seed: int = 0):
-        self.spec, self.gamma = spec, gamma
+                 renderer: Any, seed: int = 0, shape: Any = None):
+        self.spec, self.gamma, self.shape = spec, gamma, shape  # shape(step, episodes): the training reward
         self.env_factory, self.rollout, self.tokenizer, self.renderer, self.seed = (
             env_factory, rollout, tokenizer, renderer, seed)
 
@@ -89,10 +91,12 @@ class MCCritic:
                                seed=self.seed * 1_000_003 + step * 7_919 + 104_723 * (k + 1),
                                renderer=self.renderer, prefixes=prefixes)
             n_rollouts += len(got)
+            if self.shape is not None:
+                self.shape(step, got)
             for j, (i, _, _) in enumerate(items):
-                rets = [discounted(list(g.tokens.meta.get("turn_rewards", [])), self.gamma)
-                        for g in got[j * m:(j + 1) * m]]
-                values[i][k] = sum(rets) / len(rets)
+                rets = [discounted(turn_rewards(g.tokens), self.gamma)
+                        for g in got[j * m:(j + 1) * m] if not g.tokens.meta.get("masked")]
+                values[i][k] = sum(rets) / len(rets) if rets else 0.0
         for e, v in zip(episodes, values):
             e.tokens.meta["mc_values"] = v
             e.trajectory.metadata["mc_values"] = [round(x, 6) for x in v]

@@ -213,6 +213,31 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     return client
 
 
+def _mc_shaping(r: RLSpec) -> Any:
+    """The training reward for MC-Critic's rollouts: reward composition, then the non-finite check,
+    the termination policy and the overlong penalty, as the episodes get (not the judge: too costly,
+    and not the group filter: the rollouts are not groups)."""
+    from trajtune.algorithms.grpo import apply_overlong_penalty, mark_nonfinite_rewards
+
+    composer = RewardComposer(r.reward) if r.reward is not None else None
+    policy = dict(DEFAULT_TERMINATION_POLICY, **r.termination)
+
+    def shape(step: int, episodes: list[Any]) -> None:
+        if composer is not None:
+            composer(step, episodes)
+        tts, _ = mark_nonfinite_rewards([e.tokens for e in episodes])
+        for t in tts:  # the termination policy, with "drop" as "mask": a dropped rollout is no evidence
+            action = policy.get(t.termination or "done", "keep")
+            if action == "zero_reward":
+                t.reward = 0.0
+            elif action in ("mask", "drop"):
+                t.meta["masked"] = True
+        if r.overlong is not None:
+            apply_overlong_penalty(tts, r.overlong.max_length, r.overlong.cache)
+
+    return shape
+
+
 def _episode_hooks(r: RLSpec) -> Any:
     """What sets each episode's reward after sampling: reward composition, then judge-scored turns."""
     hooks = ([RewardComposer(r.reward)] if r.reward is not None else []) + \
@@ -255,7 +280,8 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
                            compose=_episode_hooks(r),
                            critic=MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro,
-                                           tok, ctx.renderer, cfg.seed) if r.credit == "mc_critic" else None,
+                                           tok, ctx.renderer, cfg.seed, shape=_mc_shaping(r))
+                           if r.credit == "mc_critic" else None,
                            curriculum=Curriculum(r.curriculum, tasks, env_name) if r.curriculum is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
