@@ -76,6 +76,9 @@ class DataSpec(_C):
                                                  "an error observation or carries a verifier flag stays in context "
                                                  "with weight 0; later turns (the recovery) are trained "
                                                  "(docs/algorithms.md)")
+    faft: bool = Field(False, description="feedback-aware fine-tuning: each record's verifier feedback "
+                                          "(metadata.feedback) is appended to its request, so passing and failing "
+                                          "plans both train; evaluate with env feedback_slot (docs/algorithms.md)")
     critical_steps: CriticalSteps | None = Field(
         None, description="critical-step SFT (ATLaS): train only the selected turns, the others stay in context "
                           "(docs/algorithms.md)")
@@ -99,6 +102,8 @@ class DataSpec(_C):
         if self.format == "text" and self.train_on != "all_tokens":
             raise ValueError("data.format: text (plain-text documents) has no assistant turns: set data.train_on: "
                              "all_tokens to continue pre-training on it")
+        if self.format == "text" and self.faft:
+            raise ValueError("data.faft needs conversations with metadata.feedback, not plain text (format: text)")
         if self.train_on == "all_tokens" and (self.mask_errors or self.critical_steps is not None):
             raise ValueError("data.mask_errors / data.critical_steps do not combine with train_on: all_tokens "
                              "(which trains every token)")

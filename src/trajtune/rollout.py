@@ -72,6 +72,7 @@ class _Live:
     taken_ids: set[str] = field(default_factory=set)
     error: str | None = None
     reward_info: dict[str, float] = field(default_factory=dict)  # info["reward_terms"], summed over steps
+    feedback: str | None = None  # the verifier's summary, a step's info["feedback"] (FAFT)
     cache: Any = None  # what the sampler keeps of ids[:cache.n]: a RowCache, or a server's remote.Sent
     index: int = 0  # the task's position in the run_rollouts call (where its episode goes)
 
@@ -254,6 +255,8 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
         for (e, msg), res in zip(stepping, stepped):
             e.reward += float(res.reward)
             msg.reward = float(res.reward)  # a turn's reward sits on the assistant message that earned it
+            if isinstance(res.info.get("feedback"), str):
+                e.feedback = res.info["feedback"]
             terms = res.info.get("reward_terms")
             if isinstance(terms, dict):  # named reward terms an environment reports (rl.reward: info.NAME)
                 for k, v in terms.items():
@@ -302,7 +305,8 @@ def _finish(e: _Live) -> Episode:
         outcome=Outcome(success=success, final_answer=final, termination=e.termination),
         metadata={"env": e.env.name, "seed": e.task.seed, "split": e.task.split, "turns": e.turns,
                   "format_errors": e.format_errors, **({"error": e.error} if e.error else {}),
-                  **({"reward_info": e.reward_info} if e.reward_info else {})},
+                  **({"reward_info": e.reward_info} if e.reward_info else {}),
+                  **({"feedback": e.feedback} if e.feedback is not None else {})},
     )
     tt = TokenTrajectory(
         ids=e.ids, source=e.source, turn=e.turn,

@@ -200,6 +200,8 @@ class RFTRunConfig(EnvRunBase):
         if self.train.steps % self.rft.iterations:
             raise ValueError(f"train.steps ({self.train.steps}) must be a multiple of rft.iterations "
                              f"({self.rft.iterations}): each iteration trains the same number of steps")
+        if self.data is not None and self.data.faft:
+            raise ValueError("data.faft is an sft option: rft's own attempts would train without the feedback slot")
         if self.data is not None and self.data.train_on == "all_tokens":
             raise ValueError("data.train_on: all_tokens (continual pre-training) is an sft option; rft trains "
                              "assistant turns")

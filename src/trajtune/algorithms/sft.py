@@ -200,6 +200,11 @@ def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory],
         tts, counts = pack_documents(cfg.data.path, ctx.tokenizer, cfg.data.max_length)
         return tts, counts
     trajs, load = load_records(cfg.data)
+    faft: dict[str, Any] = {}
+    if cfg.data.faft:
+        from trajtune.algorithms.faft import faft_records
+
+        trajs, faft = faft_records(trajs)
     trajs, masked = mask_errors(trajs, cfg.data)
     trajs, critical = critical_steps(trajs, cfg.data)
     tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length, cfg.data.truncation,
@@ -208,7 +213,8 @@ def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory],
                  "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
                  "dropped_records": counts["dropped_records"],
                  **({"error_turns_masked": masked} if cfg.data.mask_errors else {}),
-                 **({"critical_steps": critical} if critical else {})}
+                 **({"critical_steps": critical} if critical else {}),
+                 **({"faft": faft} if faft else {})}
 
 
 def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:

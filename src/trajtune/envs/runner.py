@@ -197,6 +197,7 @@ class Episode:
     error: str | None = None
     turns: int = 0
     call_ids: set[str] = field(default_factory=set)
+    feedback: str | None = None  # the verifier's summary (a step's info["feedback"]; FAFT trains on it)
 
     @property
     def active(self) -> bool:
@@ -219,6 +220,8 @@ class Episode:
         self.messages.extend(result.observations)
         self.rewards.append(result.reward)
         self.turns += 1
+        if isinstance(result.info.get("feedback"), str):
+            self.feedback = result.info["feedback"]
         if result.done:
             self.termination = result.termination or "done"
             if result.termination in ("env_error", "timeout"):
@@ -238,6 +241,8 @@ class Episode:
             meta["error"] = self.error
         if policy_name:
             meta["policy"] = policy_name
+        if self.feedback is not None:
+            meta["feedback"] = self.feedback
         return Trajectory(
             id=self.task.id if self.task.id.startswith(f"{self.env.name}-") else f"{self.env.name}-{self.task.id}",
             messages=self.messages, tools=self.tools, metadata=meta,

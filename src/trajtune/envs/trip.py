@@ -126,6 +126,19 @@ def verify(data: dict[str, Any], flight: Any, hotel: Any, restaurants: Any) -> d
             "failed": sorted(k for k, v in checks.items() if not v)}
 
 
+PASS_FEEDBACK = "all constraints pass"
+
+
+def feedback_text(verdict: dict[str, Any] | None) -> str:
+    """The verifier's pass/fail summary of a plan (FAFT conditions on it; at inference the slot says
+    ``PASS_FEEDBACK``)."""
+    if verdict is None:
+        return "no plan was submitted"
+    if not verdict["failed"]:
+        return PASS_FEEDBACK
+    return "the plan fails: " + ", ".join(verdict["failed"])
+
+
 def _request(data: dict[str, Any]) -> str:
     want = data["want"]
     who = "1 person" if data["people"] == 1 else f"{data['people']} people"
@@ -225,7 +238,8 @@ class TripEnv(ToolEnv):
         res = super().step(action)
         if res.done:
             v = self.verdict or {"schema_valid": 0.0, "constraints": 0.0, "pass": 0.0}
-            res.info = {**res.info, "reward_terms": {k: float(v[k]) for k in ("schema_valid", "constraints", "pass")}}
+            res.info = {**res.info, "reward_terms": {k: float(v[k]) for k in ("schema_valid", "constraints", "pass")},
+                        "feedback": feedback_text(self.verdict)}
         return res
 
     def success(self) -> bool:

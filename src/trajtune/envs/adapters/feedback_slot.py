@@ -1,0 +1,59 @@
+"""``feedback_slot``: an environment whose request carries a fixed feedback line (FAFT at inference).
+
+Why: a FAFT model was trained on (request + "Feedback on the answer to this request: <verdict>")
+→ plan; at inference the slot must say the verdict one wants ("all constraints pass"), in exactly
+the training wording. ``env: {name: feedback_slot, kwargs: {env: trip, text: "all constraints pass"}}``
+wraps any environment so; ``trajtune eval --env '{name: feedback_slot, kwargs: {env: trip}}'`` too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task, make_env, register_env
+from trajtune.schema import Message
+
+FEEDBACK_PREFIX = "Feedback on the answer to this request: "
+
+
+def add_feedback(messages: list[Message], text: str) -> list[Message]:
+    """The messages with ``FEEDBACK_PREFIX + text`` after the first user message's text."""
+    out = [m.model_copy(deep=True) for m in messages]
+    first = next((m for m in out if m.role == "user"), None)
+    if first is None:
+        raise ValueError("no user message to put the feedback in")
+    first.content = f"{first.text()}\n\n{FEEDBACK_PREFIX}{text}"
+    return out
+
+
+class FeedbackSlot(Environment):
+    """An environment whose request carries a fixed feedback slot (FAFT at inference)."""
+
+    def __init__(self, inner: Environment, text: str):
+        self.inner, self.text = inner, text
+        self.name = inner.name
+        self.description = f"{inner.description} (with the feedback slot {text!r})"
+        self.max_turns = getattr(inner, "max_turns", 8)
+        self.deterministic = inner.deterministic
+
+    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
+        return self.inner.tasks(split, n, seed)
+
+    def reset(self, task: Task) -> ResetResult:
+        res = self.inner.reset(task)
+        return ResetResult(messages=add_feedback(list(res.messages), self.text), tools=res.tools)
+
+    def step(self, action: Message) -> StepResult:
+        return self.inner.step(action)
+
+    def success(self) -> bool:
+        return self.inner.success()
+
+    def render(self) -> str:
+        return self.inner.render()
+
+
+@register_env("feedback_slot")
+def feedback_slot(env: str, text: str = "all constraints pass", kwargs: dict[str, Any] | None = None) -> Environment:
+    """An environment (``env``, with ``kwargs``) whose request ends with a FAFT feedback slot (``text``)."""
+    return FeedbackSlot(make_env(env, **(kwargs or {})), text)
