@@ -85,3 +85,23 @@ def test_eval_through_the_slot_from_the_cli(tmp_path, tiny_dir):
     eps = [json.loads(x) for x in (tmp_path / "ev" / "episodes.jsonl").read_text().splitlines()]
     assert len(eps) == 2
     assert all(e["messages"][1]["content"].endswith(FEEDBACK_PREFIX + "all constraints pass") for e in eps)
+
+
+def test_rollouts_record_the_feedback(tiny_tok, tiny_model):
+    """The batched rollout loop (RL, eval) keeps the verifier's feedback as the runner does."""
+    from trajtune.chat.render import ChatRenderer
+    from trajtune.rollout import RolloutConfig, run_rollouts
+
+    renderer = ChatRenderer(tiny_tok)
+    answer = tiny_tok.encode("I cannot plan that.", add_special_tokens=False) + [renderer.stop_ids()[0]]
+
+    class Says:  # a sampler that gives a final answer (no tool call) at once
+        def turn(self, rows, room, seed):
+            return [(list(answer), [0.0] * len(answer), True, None) for _ in rows]
+
+    tasks = make_env("trip").tasks("test", 2, seed=0)
+    eps = run_rollouts(tiny_model, tiny_tok, lambda: make_env("trip"), tasks, RolloutConfig(max_turns=2), renderer=renderer,
+                       sampler=Says())
+    assert [e.trajectory.metadata["feedback"] for e in eps] == ["no plan was submitted"] * 2
+    assert all(e.trajectory.metadata["reward_info"] == {"schema_valid": 0.0, "constraints": 0.0, "pass": 0.0}
+               for e in eps)
