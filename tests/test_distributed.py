@@ -28,6 +28,13 @@ def _torchrun(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
+def _why(p: subprocess.CompletedProcess) -> str:
+    """A failed launch's story: the lines that say what went wrong anywhere in stderr, then its tail."""
+    keys = ("terminate", "Error", "error:", "abort", "Abort", "Exception", "Traceback")
+    said = [ln for ln in p.stderr.splitlines() if any(k in ln for k in keys)][:40]
+    return "\n".join(said) + "\n---\n" + p.stderr[-3000:]
+
+
 def _weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run / "final" / "model.safetensors"))
 
@@ -46,7 +53,7 @@ def sft_two(tmp_path_factory, tiny_dir, home_experts) -> tuple[Path, Path, str]:
                    "train: {steps: 4, lr: 1.0e-3, batch_size: 6, micro_batch_size: 2, schedule: constant, "
                    "save_every: 2}\n")
     p = _torchrun("train", "--config", str(cfg), "--set", f"output_dir={tmp_path / 'two'}", "-q")
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, _why(p)
     return cfg, tmp_path / "two", p.stdout
 
 
@@ -75,7 +82,7 @@ def test_two_processes_train_like_one_and_resume_exactly(tmp_path, tiny_dir, sft
     lines = (killed / "metrics.jsonl").read_text().splitlines()
     (killed / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")
     p = _torchrun("train", "--config", str(cfg), "--set", f"output_dir={killed}", "--resume", "-q")
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, _why(p)
     resumed = _weights(killed)
     assert all(torch.equal(resumed[k], two[k]) for k in two)
     assert [json.loads(x)["step"] for x in (killed / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
@@ -88,7 +95,7 @@ def test_two_processes_share_the_rollouts_of_an_rl_step(tmp_path, tiny_dir):
                    "rl: {tasks_per_step: 3, group_size: 2, n_train_tasks: 16}\n"
                    "train: {steps: 2, lr: 1.0e-3, micro_batch_size: 2, schedule: constant}\n")
     p = _torchrun("train", "--config", str(cfg), "-q")
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, _why(p)
     assert p.stdout.count('"step": 2') == 1
     # 3 groups per step sampled by 2 ranks (groups 0, 2 and 1): rank 0 writes all of them, once, in group order
     rows = [json.loads(x) for x in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
@@ -142,7 +149,7 @@ def test_a_crashed_rank_stops_the_other_clearly_and_the_run_resumes_without_half
     assert len(interrupted_writes(run)) == 2
 
     p = _torchrun("train", "--config", str(cfg), "--set", f"output_dir={run}", "--resume", "-q")
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, _why(p)
     assert "dropped a torn last line" in p.stderr and "removed 2 temp file(s)" in p.stderr
     assert interrupted_writes(run) == [] and not list(run.rglob("*.tmp"))
     resumed, uninterrupted = _weights(run), _weights(two_dir)

@@ -136,6 +136,18 @@ def crash_for_test(step: int) -> None:
         os._exit(17)
 
 
+def finish() -> None:
+    """End a multi-process run cleanly: wait until every rank is done (rank 0 writes the artifacts
+    last), then destroy the process group, so no rank exits while another still talks to it (a peer
+    that disappears mid-teardown can make gloo abort the survivor)."""
+    if world_size() > 1:
+        import torch.distributed as tdist
+
+        if tdist.is_available() and tdist.is_initialized():
+            _call(tdist.barrier)
+            tdist.destroy_process_group()
+
+
 def barrier() -> None:
     if world_size() > 1:
         import torch.distributed as dist

@@ -266,7 +266,9 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
     dist.barrier()  # every rank has checked the directory before rank 0 changes it
     if st.status == "finished":
-        return _already_finished(st, quiet)
+        result = _already_finished(st, quiet)
+        dist.finish()
+        return result
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     data = getattr(cfg, "data", None)
@@ -306,6 +308,7 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
         result = _train_and_finish(learner, cfg, out, kind, st, quiet, hook, recipe)
         if tracker is not None and isinstance(result.get("eval"), dict):
             tracker.log_table("final_eval", learner.step, result["eval"])
+        dist.finish()
         return result
     finally:
         if tracker is not None:
