@@ -128,3 +128,38 @@ class CoinLevels(LevelsEnv):
     """LevelsEnv that declares itself not deterministic (its state could not be reached by replay)."""
 
     deterministic = False
+
+
+# --- snapshots (tests/test_snapshots.py) ------------------------------------------------------
+
+import random as _random  # noqa: E402
+
+from trajtune.envs.toolenv import ToolEnv  # noqa: E402
+
+
+class Drift(ToolEnv):
+    """Not deterministic (unseeded randomness), but it can take snapshots: bump() adds a random amount."""
+
+    name = "drift"
+    deterministic = False  # replaying bump() would draw other amounts
+    max_turns = 4
+    tool_names = ("bump",)
+    restores = 0
+
+    def tasks(self, split, n, seed=0):
+        return [Task(id=f"drift-{split}-{i}", seed=i, split=split) for i in range(n)]
+
+    def setup(self, task):
+        self.total = 0.0
+
+    def prompt(self, task):
+        return "Bump the counter."
+
+    def bump(self) -> str:
+        """Add a random amount to the counter."""
+        self.total += _random.random()
+        return f"total {self.total:.6f}"
+
+    def restore(self, state):
+        type(self).restores += 1
+        super().restore(state)

@@ -44,6 +44,7 @@ class RolloutConfig:
     batch_size: int = 32
     step_timeout_s: float = 30.0
     reuse_kv_cache: bool = True  # keep each episode's KV cache across turns (generation.py); else generate()
+    snapshots: bool = False  # keep env.snapshot() (and the tools) before each turn: Episode.snapshots
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Episode:
     format_errors: int = 0
     turns: int = 0
     task: Task | None = None
+    #: (env.snapshot(), tools) before each of the policy's turns, with RolloutConfig.snapshots (in memory only)
+    snapshots: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +76,7 @@ class _Live:
     error: str | None = None
     reward_info: dict[str, float] = field(default_factory=dict)  # info["reward_terms"], summed over steps
     feedback: str | None = None  # the verifier's summary, a step's info["feedback"] (FAFT)
+    snapshots: list[Any] = field(default_factory=list)  # (env.snapshot(), tools) before each own turn
     cache: Any = None  # what the sampler keeps of ids[:cache.n]: a RowCache, or a server's remote.Sent
     index: int = 0  # the task's position in the run_rollouts call (where its episode goes)
 
@@ -157,8 +161,9 @@ def run_rollouts(
     """Roll out ``model`` on every task, at most ``config.batch_size`` episodes at a time: when one
     ends, the next task takes its place (so one long episode does not hold up a whole batch).
 
-    ``prefixes`` (one list per task) start each episode from a state: the prefix's assistant actions
-    are replayed through the environment after reset (``Environment.reach``), the resulting history is
+    ``prefixes`` (one per task) start each episode from a state: a ``StartState`` is restored from its
+    snapshot; a list of messages has its assistant actions replayed through the environment after
+    reset (``Environment.reach``). Either way the history is
     prompt-source tokens (the policy did not sample it: no loss, no log-probs), rewards earned in
     the prefix are not the episode's, and ``max_turns`` counts the policy's own turns only.
 
@@ -180,11 +185,24 @@ def run_rollouts(
         model.train(was_training)
 
 
+@dataclass
+class StartState:
+    """Where an episode starts when its state is restored, not replayed: ``env.snapshot()``, the
+    conversation so far and the tools on offer (``Episode.snapshots`` holds them per turn)."""
+
+    snapshot: Any
+    messages: list[Message]
+    tools: list[ToolSpec]
+
+
 def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task: Task, index: int,
-           cfg: RolloutConfig, prefix: list[Message] | None) -> _Live:
+           cfg: RolloutConfig, prefix: "list[Message] | StartState | None") -> _Live:
     env = env_factory()
     ended = False
-    if prefix:
+    if isinstance(prefix, StartState):
+        env.restore(prefix.snapshot)
+        messages, tools = list(prefix.messages), list(prefix.tools)
+    elif prefix:
         messages, tools, ended = env.reach(task, prefix)
     else:
         res = env.reset(task)
@@ -195,6 +213,8 @@ def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task:
         ep.termination = "done"
     elif len(ep.ids) >= cfg.max_length:
         ep.termination = "context_overflow"
+    elif cfg.snapshots:
+        ep.snapshots.append((env.snapshot(), list(ep.tools)))
     return ep
 
 
@@ -283,6 +303,8 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
                 e.termination, e.error = "env_error", str(err)
                 continue
             e.extend(obs_ids, SOURCE_ENV)
+            if cfg.snapshots:
+                e.snapshots.append((e.env.snapshot(), list(e.tools)))
             if len(e.ids) >= cfg.max_length:
                 e.termination = "context_overflow"
     assert all(r is not None for r in results)
@@ -319,4 +341,5 @@ def _finish(e: _Live) -> Episode:
     tt.check()
     if any(math.isnan(x) for x in e.logprobs):
         raise FloatingPointError("NaN log-probability during rollout")
-    return Episode(trajectory=traj, tokens=tt, format_errors=e.format_errors, turns=e.turns, task=e.task)
+    return Episode(trajectory=traj, tokens=tt, format_errors=e.format_errors, turns=e.turns, task=e.task,
+                   snapshots=e.snapshots)

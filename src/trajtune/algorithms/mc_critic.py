@@ -5,7 +5,9 @@ episode in a good spot and turn 3 threw it away. A critic can, but a learned val
 own training and is wrong early on. MC-Critic estimates the value of the state before each turn
 directly: V(s_k) = the mean discounted return of M fresh rollouts of the current policy from that
 state. The state is reached by replaying the episode's earlier actions through the environment
-(``Environment.reach``), so the environment must be deterministic. Then, per turn,
+(``Environment.reach``) when the environment is deterministic, else by restoring the snapshot the
+episode took before that turn (``Environment.snapshot`` / ``restore``; the episodes are then
+sampled with ``RolloutConfig.snapshots``). Then, per turn,
 
     δ_k = r_k + γ · V(s_{k+1}) − V(s_k)      (V after the last turn = 0)
     A_k = Σ_l (γλ)^l · δ_{k+l}
@@ -64,20 +66,26 @@ class MCCritic:
     """Episode hook: stores V(s_k) for every turn of every episode in ``meta['mc_values']``."""
 
     def __init__(self, spec: MCCriticSpec, gamma: float, env_factory: Any, rollout: Any, tokenizer: Any,
-                 renderer: Any, seed: int = 0, shape: Any = None):
+                 renderer: Any, seed: int = 0, shape: Any = None, snapshots: bool = False):
         self.spec, self.gamma, self.shape = spec, gamma, shape  # shape(step, episodes): the training reward
+        self.snapshots = snapshots  # reach states by restoring the episodes' snapshots, not by replay
         self.env_factory, self.rollout, self.tokenizer, self.renderer, self.seed = (
             env_factory, rollout, tokenizer, renderer, seed)
 
     def __call__(self, step: int, episodes: list[Any], model: Any) -> dict[str, float]:
-        from trajtune.rollout import run_rollouts
+        from trajtune.rollout import StartState, run_rollouts
 
         m = self.spec.samples
         jobs: dict[int, list[tuple[int, Any, list[Any]]]] = {}  # depth -> (episode, task, prefix)
         counts = []
         for i, e in enumerate(episodes):
             n = len(turn_rewards(e.tokens))
-            prefixes = state_prefixes(e.trajectory.messages, n)
+            prefixes: list[Any] = state_prefixes(e.trajectory.messages, n)
+            if self.snapshots:
+                if len(e.snapshots) < len(prefixes):
+                    raise RuntimeError(f"episode {e.trajectory.id}: {len(e.snapshots)} snapshots for {len(prefixes)} "
+                                       "turns (sample with RolloutConfig.snapshots)")
+                prefixes = [StartState(e.snapshots[k][0], p, e.snapshots[k][1]) for k, p in enumerate(prefixes)]
             counts.append(len(prefixes))
             for k, p in enumerate(prefixes):
                 jobs.setdefault(k, []).append((i, e.task, p))

@@ -193,9 +193,15 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
         from trajtune.envs.adapters.openai_policy import endpoint_policy
 
         endpoint_policy(cfg.rl.turn_judge.judge, cfg.rl.turn_judge.judge_model, option="rl.turn_judge.judge")
-    if cfg.rl.credit == "mc_critic" and not make_env(cfg.env.name, **cfg.env.kwargs).deterministic:
-        raise ConfigError(f"rl.credit: mc_critic replays each episode's actions to reach its states, and environment "
-                          f"{cfg.env.name!r} is not deterministic (docs/envs.md, Reaching a state)")
+    if cfg.rl.credit == "mc_critic":
+        env = make_env(cfg.env.name, **cfg.env.kwargs)
+        if not env.deterministic and not env.can_snapshot():
+            raise ConfigError(f"rl.credit: mc_critic returns to each episode's states by replaying its actions or by "
+                              f"restoring snapshots, and environment {cfg.env.name!r} is not deterministic and has no "
+                              "snapshot()/restore() (docs/envs.md, Reaching a state)")
+        if not env.deterministic and cfg.rollout.ray is not None:
+            raise ConfigError("rl.credit: mc_critic on an environment that is not deterministic restores snapshots, "
+                              "which Ray rollout workers cannot hand back; drop rollout.ray")
     if cfg.rl.curriculum is not None:  # tasks without levels are refused before anything is written
         Curriculum(cfg.rl.curriculum, make_env(cfg.env.name, **cfg.env.kwargs).tasks("train", cfg.rl.n_train_tasks,
                                                                                       seed=cfg.seed), cfg.env.name)
@@ -260,6 +266,11 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     assert ctx.out is not None
     r = cfg.rl
     ro = cfg.rollout.to_config()
+    snapshots = r.credit == "mc_critic" and not make_env(cfg.env.name, **cfg.env.kwargs).deterministic
+    if snapshots:  # MC-Critic returns to states by snapshot: take one before every turn
+        from dataclasses import replace as _replace
+
+        ro = _replace(ro, snapshots=True)
     temperature = ro.temperature if ro.temperature > 0 else 1.0
     ref = ctx.load_reference() if r.kl_coef > 0 and ctx.load_reference else None
     tok = ctx.tokenizer
@@ -280,7 +291,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
                            compose=_episode_hooks(r),
                            critic=MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro,
-                                           tok, ctx.renderer, cfg.seed, shape=_mc_shaping(r))
+                                           tok, ctx.renderer, cfg.seed, shape=_mc_shaping(r), snapshots=snapshots)
                            if r.credit == "mc_critic" else None,
                            curriculum=Curriculum(r.curriculum, tasks, env_name) if r.curriculum is not None else None)
     on_weights = None

@@ -86,6 +86,20 @@ class Environment(ABC):
         """A human-readable view of the current state."""
         return f"<{self.name}>"
 
+    # Optional: snapshots. An environment that can copy its state implements both; then a state can
+    # be returned to without replaying actions (MC-Critic on an environment that is not
+    # deterministic). The snapshot is an opaque value the same class's ``restore`` accepts.
+    def snapshot(self) -> Any:
+        """A copy of the current state (optional; see ``can_snapshot``)."""
+        raise NotImplementedError(f"environment {self.name!r} cannot take snapshots")
+
+    def restore(self, state: Any) -> None:
+        """Return to a state ``snapshot`` returned (on this or a fresh instance of the same class)."""
+        raise NotImplementedError(f"environment {self.name!r} cannot restore snapshots")
+
+    def can_snapshot(self) -> bool:
+        return type(self).snapshot is not Environment.snapshot and type(self).restore is not Environment.restore
+
     def reach(self, task: Task, prefix: list[Message]) -> tuple[list[Message], list[ToolSpec], bool]:
         """Put the environment in the state after ``prefix`` (a conversation on ``task``) and return
         the history, the tools on offer and whether the episode already ended there.

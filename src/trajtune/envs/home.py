@@ -118,6 +118,15 @@ class HomeEnv(Environment):
                 seeds.append(s)
         return [make_task(s, split, self.kinds) for s in seeds]
 
+    def snapshot(self) -> Any:
+        return {"task": self.task, "state": json.loads(json.dumps(self.state)), "finished": self.finished,
+                "turns": self.turns}
+
+    def restore(self, state: Any) -> None:
+        self.task = state["task"]
+        self.state = json.loads(json.dumps(state["state"]))
+        self.finished, self.turns = state["finished"], state["turns"]
+
     def reset(self, task: Task) -> ResetResult:
         self.task = task
         self.state = json.loads(json.dumps(task.data["initial"]))

@@ -132,6 +132,18 @@ class ToolEnv(Environment):
         """Subclasses describe their state here for ``render``."""
         return ""
 
+    def snapshot(self) -> Any:
+        """The whole episode state (everything but the tool dispatcher, which is rebuilt)."""
+        import copy
+
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "_dispatcher"})
+
+    def restore(self, state: Any) -> None:
+        import copy
+
+        self.__dict__.update(copy.deepcopy(state))
+        self._dispatcher = None
+
     def render(self) -> str:
         tid = self.task.id if self.task else "-"
         lines = [f"[{self.name}] task={tid} turn={self.turn} done={self.done} success={self.success() if self.task else None}"]
