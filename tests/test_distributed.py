@@ -229,7 +229,8 @@ def test_configurations_several_processes_cannot_run_are_refused_before_anything
     monkeypatch.setenv("RANK", "0")
     base = [f"model={tiny_dir}", "env=home", f"output_dir={tmp_path / 'r'}"]
     for extra, needle in ((["rollout.ray.num_workers=2"], "rollout.ray with 2 processes"),
-                          (["rl.async_rollouts=true"], "rl.async_rollouts with 2 processes")):
+                          (["rl.async_rollouts=true"], "rl.async_rollouts with 2 processes"),
+                          (["rollout.server=http://127.0.0.1:9"], "rollout.server with 2 processes")):
         cfg = load_run_config(None, [*base, *extra], algorithm="rl")
         with pytest.raises(ConfigError, match=needle):
             run(cfg)

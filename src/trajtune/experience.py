@@ -67,6 +67,17 @@ class DatasetSource:
 Transform = Callable[[list[TokenTrajectory]], tuple[list[TokenTrajectory], dict[str, float]]]
 
 
+def pick_tasks(tasks: list[Task], step: int, round_no: int, k: int, seed: int) -> list[Task]:
+    """Step ``step``'s ``k`` tasks: the next ``k`` in order (cycling) on the first sampling round; a
+    seeded random draw on the extra rounds of dynamic sampling. A function of (seed, step, round), so
+    resume is exact."""
+    n = len(tasks)
+    if round_no == 0:
+        return [tasks[(step * k + i) % n] for i in range(k)]
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step * 7_919 + round_no)
+    return [tasks[i] for i in torch.randperm(n, generator=g)[:k].tolist()]
+
+
 @dataclass
 class RolloutSource:
     """Each step: ``tasks_per_step`` training tasks × ``group_size`` samples from the current model,
@@ -110,11 +121,7 @@ class RolloutSource:
     def _tasks(self, step: int, round_no: int) -> list[Task]:
         if self.curriculum is not None:
             return self.curriculum.pick(step, round_no, self.tasks_per_step, self.seed)
-        n = len(self.tasks)
-        if round_no == 0:
-            return [self.tasks[(step * self.tasks_per_step + i) % n] for i in range(self.tasks_per_step)]
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 7_919 + round_no)
-        return [self.tasks[i] for i in torch.randperm(n, generator=g)[: self.tasks_per_step].tolist()]
+        return pick_tasks(self.tasks, step, round_no, self.tasks_per_step, self.seed)
 
     def _round(self, step: int, round_no: int, model: Any) -> tuple[list[TokenTrajectory], list[Any]]:
         from trajtune import distributed as dist

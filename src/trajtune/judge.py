@@ -169,6 +169,19 @@ def parse_score(text: str) -> tuple[float, str]:
 Complete = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def ask(complete: Complete, model: str, messages: list[Message], max_tokens: int) -> str:
+    """The reply text of one greedy request; any failure (the endpoint, or a response without a
+    message) is a ValueError, which the callers count as "no answer" instead of stopping a run."""
+    from trajtune.envs.adapters.openai_policy import from_openai_message, to_openai_messages
+
+    try:
+        resp = complete({"model": model, "messages": to_openai_messages(messages), "temperature": 0.0,
+                         "max_tokens": max_tokens})
+        return from_openai_message(resp["choices"][0].get("message")).text() or ""
+    except Exception as e:  # noqa: BLE001 - counted by the caller, never a crash
+        raise ValueError(f"the judge failed: {type(e).__name__}: {str(e)[:200]}") from None
+
+
 class Judge:
     """Scores trajectories through ``complete``: an OpenAI chat-completions request body → response."""
 

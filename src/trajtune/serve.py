@@ -60,8 +60,6 @@ class ChatService:
         from trajtune.chat.parsers import parse_tool_calls
         from trajtune.envs.adapters.openai_policy import to_openai_messages
         from trajtune.formats.openai import to_ir
-        from trajtune.generation import CachedSampler
-        from trajtune.rollout import RolloutConfig, _generate
         from trajtune.schema import Message
 
         if not isinstance(body.get("messages"), list) or not body["messages"]:
@@ -73,22 +71,11 @@ class ChatService:
             traj, _ = to_ir({"messages": body["messages"], "tools": body.get("tools") or []})
         except Exception as e:  # noqa: BLE001 - the client's input: a 400 naming what is wrong
             raise BadRequest(f"messages/tools do not convert: {e}") from None
-        temperature = float(body.get("temperature", 1.0))
-        top_p = float(body.get("top_p", 1.0))
-        given = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_new = int(given) if given is not None else self.max_tokens
-        if max_new < 1 or temperature < 0 or not 0 < top_p <= 1:
-            raise BadRequest("need max_tokens ≥ 1, temperature ≥ 0 and 0 < top_p ≤ 1")
-        seed = int(body.get("seed", 0))
+        temperature, top_p, max_new, seed = self._sampling(body, body.get("max_completion_tokens",
+                                                                          body.get("max_tokens")))
         prompt = self.renderer.encode(self.renderer.prompt_text(traj.messages, traj.tools))
-        stops = self.renderer.stop_ids()
         with self.lock:
-            if self.cached:
-                ids, lps, ended, _ = CachedSampler(self.model, temperature, top_p, stops).turn(
-                    [(None, prompt)], [max_new], seed)[0]
-            else:
-                cfg = RolloutConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new)
-                ids, lps, ended = _generate(self.model, self.tok, [prompt], [max_new], cfg, stops, seed)[0]
+            (ids, lps, ended), = self._sample([prompt], max_new, temperature, top_p, self.renderer.stop_ids(), seed)
         text = self.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         parsed = parse_tool_calls(text, self.renderer.parser or "hermes")
         message = to_openai_messages([Message(role="assistant", content=parsed.content or None,
@@ -104,6 +91,29 @@ class ChatService:
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                           "total_tokens": len(prompt) + len(ids)}}
 
+
+    def _sampling(self, body: dict[str, Any], max_tokens: Any) -> tuple[float, float, int, int]:
+        """(temperature, top_p, max new tokens, seed) of a request, checked (BadRequest)."""
+        temperature = float(body.get("temperature", 1.0))
+        top_p = float(body.get("top_p", 1.0))
+        max_new = int(max_tokens) if max_tokens is not None else self.max_tokens
+        if max_new < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise BadRequest("need max_tokens ≥ 1, temperature ≥ 0 and 0 < top_p ≤ 1")
+        return temperature, top_p, max_new, int(body.get("seed", 0))
+
+    def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
+                stops: list[int], seed: int) -> list[tuple[list[int], list[float], bool]]:
+        """(ids, log-probs, ended) per prompt: the cached sampler, else generate() (hold ``self.lock``)."""
+        from trajtune.generation import CachedSampler
+        from trajtune.rollout import RolloutConfig, _generate
+
+        if self.cached:
+            return [(ids, lps, ended) for ids, lps, ended, _ in CachedSampler(
+                self.model, temperature, top_p, stops).turn([(None, p) for p in prompts], [max_new] * len(prompts),
+                                                            seed)]
+        cfg = RolloutConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new)
+        return _generate(self.model, self.tok, prompts, [max_new] * len(prompts), cfg, stops or self.renderer.stop_ids(),
+                         seed)
 
     # -- token-id completions, weight sync and info (RL through the server) -------------------------
     def vocab_size(self) -> int:
@@ -130,21 +140,13 @@ class ChatService:
 
     def complete_tokens(self, body: dict[str, Any]) -> dict[str, Any]:
         """``POST /v1/completions``: continue token-id prompts; exact ids and log-probs per choice."""
-        from trajtune.generation import CachedSampler
-        from trajtune.rollout import RolloutConfig, _generate
-
         prompts = self._token_prompts(body)
         for key in ("n", "best_of"):
             if body.get(key) not in (None, 1):
                 raise BadRequest(f"`{key}` is not supported by trajtune serve (send the prompt several times)")
         if body.get("stream"):
             raise BadRequest("`stream` is not supported by trajtune serve")
-        temperature = float(body.get("temperature", 1.0))
-        top_p = float(body.get("top_p", 1.0))
-        max_new = int(body.get("max_tokens", self.max_tokens))
-        if max_new < 1 or temperature < 0 or not 0 < top_p <= 1:
-            raise BadRequest("need max_tokens ≥ 1, temperature ≥ 0 and 0 < top_p ≤ 1")
-        seed = int(body.get("seed", 0))
+        temperature, top_p, max_new, seed = self._sampling(body, body.get("max_tokens"))
         stops = body.get("stop_token_ids")
         if stops is None:
             stops = self.renderer.stop_ids()
@@ -152,14 +154,7 @@ class ChatService:
             raise BadRequest("`stop_token_ids` must be a list of token ids")
         with self.lock:
             version = self.version
-            if self.cached:
-                outs = [(ids, lps, ended) for ids, lps, ended, _ in CachedSampler(
-                    self.model, temperature, top_p, stops).turn([(None, p) for p in prompts],
-                                                                [max_new] * len(prompts), seed)]
-            else:
-                cfg = RolloutConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new)
-                outs = _generate(self.model, self.tok, prompts, [max_new] * len(prompts), cfg, stops or
-                                 self.renderer.stop_ids(), seed)
+            outs = self._sample(prompts, max_new, temperature, top_p, stops, seed)
         want_lps = body.get("logprobs") is not None and body["logprobs"] is not False  # 0: the sampled token's
         choices = []
         for i, (prompt, (ids, lps, ended)) in enumerate(zip(prompts, outs)):

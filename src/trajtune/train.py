@@ -244,6 +244,9 @@ def check_processes(cfg: RunBase) -> None:
     if getattr(rollout, "ray", None) is not None:
         raise ConfigError(f"rollout.ray with {world} processes is not supported: every rank would start its own "
                           "Ray workers; run the Ray rollout workers from a single process, or drop rollout.ray")
+    if getattr(rollout, "server", None) is not None:
+        raise ConfigError(f"rollout.server with {world} processes is not supported: every rank would push its weights "
+                          "to the server; launch a single process")
     rl = getattr(cfg, "rl", None)
     if getattr(rl, "async_rollouts", False):
         raise ConfigError(f"rl.async_rollouts with {world} processes is not supported (its background sampler would "

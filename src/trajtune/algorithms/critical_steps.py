@@ -136,17 +136,12 @@ class JudgeSelector:
 
     def select(self, traj: Trajectory) -> set[int]:
         """Message indices of the judge's critical turns; ValueError when its reply cannot be used."""
-        from trajtune.envs.adapters.openai_policy import from_openai_message, to_openai_messages
+        from trajtune.judge import ask
 
         turns = assistant_turns(traj)
         msgs = [Message(role="system", content=JUDGE_PROMPT.format(percent=round(100 * self.ratio))),
                 Message(role="user", content="Which turns are critical?\n\n" + numbered_transcript(traj))]
-        try:
-            resp = self.complete({"model": self.model, "messages": to_openai_messages(msgs), "temperature": 0.0,
-                                  "max_tokens": self.max_tokens})
-            text = from_openai_message(resp["choices"][0].get("message")).text() or ""
-        except Exception as e:  # noqa: BLE001 - one record's failure is counted, never a crash
-            raise ValueError(f"the judge failed: {type(e).__name__}: {str(e)[:200]}") from None
+        text = ask(self.complete, self.model, msgs, self.max_tokens)  # a failure: ValueError, counted
         return {turns[n - 1] for n in parse_critical(text, len(turns))}
 
 

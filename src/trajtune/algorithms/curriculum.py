@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from pydantic import Field
 
 from trajtune.config import _C
@@ -48,11 +47,10 @@ class Curriculum:
         return [t for t in self.tasks if float(t.data["difficulty"]) <= top]
 
     def pick(self, step: int, round_no: int, k: int, seed: int) -> list[Any]:
-        pool = self.pool()
-        if round_no == 0:
-            return [pool[(step * k + i) % len(pool)] for i in range(k)]
-        g = torch.Generator().manual_seed(seed * 1_000_003 + step * 7_919 + round_no)
-        return [pool[i] for i in torch.randperm(len(pool), generator=g)[:k].tolist()]
+        """The tasks of a step, picked from the pool as ``RolloutSource`` picks from all tasks."""
+        from trajtune.experience import pick_tasks
+
+        return pick_tasks(self.pool(), step, round_no, k, seed)
 
     def observe(self, episodes: list[Any]) -> dict[str, float]:
         """Count this step's episodes at the current level; promote when they are solved often enough."""

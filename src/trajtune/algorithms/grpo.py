@@ -199,19 +199,20 @@ def turn_rewards(t: TokenTrajectory) -> list[float]:
     return r
 
 
-def turn_returns(t: TokenTrajectory, gamma: float) -> list[float]:
-    """G_k = Σ_{j≥k} γ^{j−k} r_j over the episode's turns (``turn_rewards``): with γ = 1, G_0 is the
-    episode reward."""
-    r = turn_rewards(t)
-    n = len(r)
-    if not r:
-        return []
-    out = [0.0] * n
+def discounted_returns(rewards: list[float], gamma: float) -> list[float]:
+    """G_k = Σ_{j≥k} γ^{j−k} r_j for every k."""
+    out = [0.0] * len(rewards)
     acc = 0.0
-    for k in range(n - 1, -1, -1):
-        acc = r[k] + gamma * acc
+    for k in range(len(rewards) - 1, -1, -1):
+        acc = rewards[k] + gamma * acc
         out[k] = acc
     return out
+
+
+def turn_returns(t: TokenTrajectory, gamma: float) -> list[float]:
+    """The discounted returns of the episode's turns (``turn_rewards``): with γ = 1, G_0 is the
+    episode reward."""
+    return discounted_returns(turn_rewards(t), gamma)
 
 
 def assign_turn_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo", gamma: float = 1.0,

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import Field
 
-from trajtune.algorithms.grpo import groups_of, mark_nonfinite_rewards, turn_rewards
+from trajtune.algorithms.grpo import discounted_returns, groups_of, mark_nonfinite_rewards, turn_rewards
 from trajtune.config import _C
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
@@ -38,10 +38,8 @@ class MCCriticSpec(_C):
 
 
 def discounted(rewards: list[float], gamma: float) -> float:
-    total = 0.0
-    for r in reversed(rewards):
-        total = r + gamma * total
-    return total
+    """Σ_j γ^j r_j: the return from the first turn."""
+    return discounted_returns(rewards, gamma)[0] if rewards else 0.0
 
 
 def gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> list[float]:

@@ -186,7 +186,7 @@ def episode_writer(path: Path) -> Any:
 
 
 def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
-    make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
+    env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
     if cfg.rl.reward is not None:
         RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
     if cfg.rl.turn_judge is not None and cfg.rl.turn_judge.judge.startswith("openai:"):
@@ -194,7 +194,6 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
 
         endpoint_policy(cfg.rl.turn_judge.judge, cfg.rl.turn_judge.judge_model, option="rl.turn_judge.judge")
     if cfg.rl.credit == "mc_critic":
-        env = make_env(cfg.env.name, **cfg.env.kwargs)
         if not env.deterministic and not env.can_snapshot():
             raise ConfigError(f"rl.credit: mc_critic returns to each episode's states by replaying its actions or by "
                               f"restoring snapshots, and environment {cfg.env.name!r} is not deterministic and has no "
@@ -203,50 +202,40 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
             raise ConfigError("rl.credit: mc_critic on an environment that is not deterministic restores snapshots, "
                               "which Ray rollout workers cannot hand back; drop rollout.ray")
     if cfg.rl.curriculum is not None:  # tasks without levels are refused before anything is written
-        Curriculum(cfg.rl.curriculum, make_env(cfg.env.name, **cfg.env.kwargs).tasks("train", cfg.rl.n_train_tasks,
-                                                                                      seed=cfg.seed), cfg.env.name)
+        Curriculum(cfg.rl.curriculum, env.tasks("train", cfg.rl.n_train_tasks, seed=cfg.seed), cfg.env.name)
     server = cfg.rollout.server
     if server is None:
         return None
-    from trajtune import distributed as dist
     from trajtune.remote import ServerClient
 
-    if dist.world_size() > 1:
-        raise ConfigError("rollout.server runs from one training process (every rank would push its weights); "
-                          "launch a single process")
     client = ServerClient(server.url, server.model, server.timeout_s)
     client.check(len(ctx.tokenizer), ctx.renderer.stop_ids())  # before anything is written (ServerError)
     return client
 
 
-def _mc_shaping(r: RLSpec) -> Any:
+def _mc_shaping(r: RLSpec, composer: RewardComposer | None) -> Any:
     """The training reward for MC-Critic's rollouts: reward composition, then the non-finite check,
     the termination policy and the overlong penalty, as the episodes get (not the judge: too costly,
     and not the group filter: the rollouts are not groups)."""
-    from trajtune.algorithms.grpo import apply_overlong_penalty, mark_nonfinite_rewards
+    from trajtune.algorithms.grpo import apply_overlong_penalty, apply_termination_policy, mark_nonfinite_rewards
 
-    composer = RewardComposer(r.reward) if r.reward is not None else None
-    policy = dict(DEFAULT_TERMINATION_POLICY, **r.termination)
+    # "drop" becomes "mask": a dropped rollout is no evidence, and masked rollouts leave the mean
+    policy = {k: "mask" if v == "drop" else v for k, v in {**DEFAULT_TERMINATION_POLICY, **r.termination}.items()}
 
     def shape(step: int, episodes: list[Any]) -> None:
         if composer is not None:
             composer(step, episodes)
         tts, _ = mark_nonfinite_rewards([e.tokens for e in episodes])
-        for t in tts:  # the termination policy, with "drop" as "mask": a dropped rollout is no evidence
-            action = policy.get(t.termination or "done", "keep")
-            if action == "zero_reward":
-                t.reward = 0.0
-            elif action in ("mask", "drop"):
-                t.meta["masked"] = True
+        apply_termination_policy(tts, policy)  # type: ignore[arg-type]
         if r.overlong is not None:
             apply_overlong_penalty(tts, r.overlong.max_length, r.overlong.cache)
 
     return shape
 
 
-def _episode_hooks(r: RLSpec) -> Any:
+def _episode_hooks(r: RLSpec, composer: RewardComposer | None) -> Any:
     """What sets each episode's reward after sampling: reward composition, then judge-scored turns."""
-    hooks = ([RewardComposer(r.reward)] if r.reward is not None else []) + \
+    hooks = ([composer] if composer is not None else []) + \
         ([TurnJudge.from_spec(r.turn_judge)] if r.turn_judge is not None else [])
     if not hooks:
         return None
@@ -266,7 +255,8 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     assert ctx.out is not None
     r = cfg.rl
     ro = cfg.rollout.to_config()
-    snapshots = r.credit == "mc_critic" and not make_env(cfg.env.name, **cfg.env.kwargs).deterministic
+    env = make_env(cfg.env.name, **cfg.env.kwargs)
+    snapshots = r.credit == "mc_critic" and not env.deterministic
     if snapshots:  # MC-Critic returns to states by snapshot: take one before every turn
         from dataclasses import replace as _replace
 
@@ -281,19 +271,19 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         lam=(r.mc_critic or MCCriticSpec()).lam,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
         ref_model=ref, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, temperature=temperature)
-    env_name, kwargs = cfg.env.name, cfg.env.kwargs
-    tasks = make_env(env_name, **kwargs).tasks("train", r.n_train_tasks, seed=cfg.seed)
+    tasks = env.tasks("train", r.n_train_tasks, seed=cfg.seed)
+    composer = RewardComposer(r.reward) if r.reward is not None else None
     episodes_path = ctx.out / "rollouts.jsonl"
     source = RolloutSource(tok, cfg.rollout.env_factory(cfg.env), tasks, ro, r.tasks_per_step, r.group_size,
                            per_round=per_round, per_batch=per_batch,
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
-                           compose=_episode_hooks(r),
+                           compose=_episode_hooks(r, composer),
                            critic=MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro,
-                                           tok, ctx.renderer, cfg.seed, shape=_mc_shaping(r), snapshots=snapshots)
+                                           tok, ctx.renderer, cfg.seed, shape=_mc_shaping(r, composer), snapshots=snapshots)
                            if r.credit == "mc_critic" else None,
-                           curriculum=Curriculum(r.curriculum, tasks, env_name) if r.curriculum is not None else None)
+                           curriculum=Curriculum(r.curriculum, tasks, cfg.env.name) if r.curriculum is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
         source, on_weights = _through_server(source, prepared, cfg, ctx)
@@ -324,13 +314,9 @@ def _through_server(source: Any, client: Any, cfg: RLRunConfig, ctx: RunContext)
 
 
 def _one_step_ahead(source: Any, cfg: RLRunConfig, ctx: RunContext) -> Any:
-    from trajtune import distributed as dist
     from trajtune.experience import OneStepAhead
     from trajtune.generation import supports
 
-    if dist.world_size() > 1:
-        raise ConfigError("rl.async_rollouts runs in one process (its background sampler would interleave "
-                          "collectives with training); drop it, or launch a single process")
     if not (cfg.rollout.reuse_kv_cache and supports(ctx.model)):
         raise ConfigError("rl.async_rollouts needs the KV-cache sampler (rollout.reuse_kv_cache: true and a model "
                           "it serves, see docs/algorithms.md): generate()'s global random state would make the "

@@ -74,18 +74,13 @@ class TurnJudge:
 
     def scores(self, episode: Any) -> list[int]:
         from trajtune.algorithms.critical_steps import numbered_transcript
-        from trajtune.envs.adapters.openai_policy import from_openai_message, to_openai_messages
+        from trajtune.judge import ask
 
         traj = episode.trajectory
         n = sum(1 for m in traj.messages if m.role == "assistant")
         msgs = [Message(role="system", content=PROMPT),
                 Message(role="user", content=f"The episode has {n} agent turns.\n\n" + numbered_transcript(traj))]
-        try:
-            resp = self.complete({"model": self.model, "messages": to_openai_messages(msgs), "temperature": 0.0,
-                                  "max_tokens": self.spec.max_tokens})
-            text = from_openai_message(resp["choices"][0].get("message")).text() or ""
-        except Exception as e:  # noqa: BLE001 - one episode's failure is "no score", never a crash
-            raise ValueError(f"the judge failed: {type(e).__name__}: {str(e)[:200]}") from None
+        text = ask(self.complete, self.model, msgs, self.spec.max_tokens)  # a failure: ValueError, "no score"
         return parse_scores(text, n)
 
     def _one(self, episode: Any) -> list[int] | None:

@@ -201,11 +201,7 @@ class TripEnv(ToolEnv):
         Args:
             city: the city
         """
-        assert self.task is not None
-        got = [h for h in self.task.data["hotels"] if h["city"] == city]
-        if not got:
-            raise ToolError(f"no hotels in {city!r}")
-        return json.dumps(got)
+        return self._in_city("hotels", city)
 
     def search_restaurants(self, city: str) -> str:
         """Restaurants in a city: cuisine and price per person.
@@ -213,10 +209,13 @@ class TripEnv(ToolEnv):
         Args:
             city: the city
         """
+        return self._in_city("restaurants", city)
+
+    def _in_city(self, table: str, city: str) -> str:
         assert self.task is not None
-        got = [r for r in self.task.data["restaurants"] if r["city"] == city]
+        got = [x for x in self.task.data[table] if x["city"] == city]
         if not got:
-            raise ToolError(f"no restaurants in {city!r}")
+            raise ToolError(f"no {table} in {city!r}")
         return json.dumps(got)
 
     def submit_plan(self, flight: str, hotel: str, restaurants: list[str]) -> str:
