@@ -44,6 +44,8 @@ def _train(config: Path, set_: list[str] | None, algorithm: str | None, overwrit
     result = run(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
     if distributed.is_main():  # under `accelerate launch`, one result
         print_result({k: v for k, v in result.items() if k != "last"})
+    if distributed.world_size() > 1:
+        distributed.exit_finished()  # done and written: no teardown that could abort (distributed.py)
 
 
 def train(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
