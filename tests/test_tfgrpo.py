@@ -24,7 +24,7 @@ from trajtune.algorithms.tfgrpo import (
 )
 from trajtune.envs.adapters.experiences import LESSONS_HEADER, inject_lessons, load_experiences
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
-from trajtune.errors import ConfigError, DataError
+from trajtune.errors import DataError
 from trajtune.rollout import Episode
 from trajtune.schema import Message, Trajectory
 
@@ -302,4 +302,19 @@ def test_experiences_files_are_read_or_refused_with_the_fix(tmp_path):
 
     with pytest.raises(InputNotFoundError):
         load_experiences(tmp_path)  # a directory without experiences.json
-    assert issubclass(DataError, ValueError) and ConfigError
+    from trajtune.envs.base import make_env
+    from trajtune.errors import EnvError
+
+    env = make_env("with_experiences", env=ENV, path=str(tmp_path / "a.json"))  # the config form of the wrapper
+    (task,) = env.tasks("test", 1)
+    assert env.reset(task).messages[0].content.endswith("1. one\n2. two")
+    with pytest.raises(EnvError, match="one of path"):
+        make_env("with_experiences", env=ENV)
+
+
+def test_eval_refuses_experiences_without_an_environment():
+    from trajtune.errors import UsageError
+    from trajtune.eval.harness import EvalSettings
+
+    with pytest.raises(UsageError, match="--env"):
+        EvalSettings(model="m", benchmark="bfcl", experiences=["x"]).validate()
