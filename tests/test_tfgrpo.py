@@ -215,6 +215,12 @@ def _cfg(tiny_dir, out, llm, steps=2, extra=()):
         *extra])
 
 
+#: The library after steps 1 and 2 of the seeded run with the stub LLM: step 1's two kept groups add
+#: the same two lessons (a third is over the cap; duplicates merge), step 2 updates G0 and deletes G1.
+STEP1 = {"G0": "Keep the reply short.", "G1": "Count the characters."}
+STEP2 = {"G0": "Keep the reply short and even."}
+
+
 def _jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -236,10 +242,7 @@ def test_a_run_learns_lessons_keeps_the_weights_and_eval_puts_the_lessons_in_the
     assert [s["groups_kept"] for s in steps] == [2.0, 1.0]  # the seeded rollouts: mixed groups at both steps
     assert all(s["skipped"] == 1.0 and s["llm_failures"] == 0.0 for s in steps)  # no update was made
     log = _jsonl(out / "experiences.jsonl")
-    # step 1: both groups add the same two lessons (the third is over the cap; duplicates merge);
-    # step 2: UPDATE G0 + DELETE G1, re-indexed
-    assert log[0]["experiences"] == {"G0": "Keep the reply short.", "G1": "Count the characters."}
-    assert log[1]["experiences"] == {"G0": "Keep the reply short and even."}
+    assert log[0]["experiences"] == STEP1 and log[1]["experiences"] == STEP2
     saved = json.loads((out / "experiences.json").read_text())
     assert saved == {"step": 2, "experiences": log[1]["experiences"]} and result["experiences"] == str(out / "experiences.json")
     before, after = load_file(tiny_dir / "model.safetensors"), load_file(out / "final" / "model.safetensors")
@@ -271,15 +274,16 @@ def test_a_run_learns_lessons_keeps_the_weights_and_eval_puts_the_lessons_in_the
 def test_an_interrupted_run_resumes_from_the_library_of_its_checkpoint(tmp_path, tiny_dir, stub_llm, turns_end):
     from trajtune.train import run
 
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run(_cfg(tiny_dir, whole, f"openai:{stub_llm.url}"), quiet=True)
+    cut = tmp_path / "cut"
     assert run(_cfg(tiny_dir, cut, f"openai:{stub_llm.url}"), quiet=True, stop_after=1)["stopped"]
-    assert json.loads((cut / "experiences.json").read_text())["step"] == 1
+    assert json.loads((cut / "experiences.json").read_text()) == {"step": 1, "experiences": STEP1}
     with (cut / "experiences.jsonl").open("a") as f:  # a step the kill interrupted after the checkpoint
         f.write(json.dumps({"step": 2, "experiences": {"G0": "lost"}}) + "\n")
     run(_cfg(tiny_dir, cut, f"openai:{stub_llm.url}"), quiet=True, resume=True)
-    assert (cut / "experiences.json").read_text() == (whole / "experiences.json").read_text()
-    assert _jsonl(cut / "experiences.jsonl") == _jsonl(whole / "experiences.jsonl")
+    # the library an uninterrupted run ends with (the test above), each step logged once
+    assert [(r["step"], r["experiences"]) for r in _jsonl(cut / "experiences.jsonl")] == [(1, STEP1), (2, STEP2)]
+    assert json.loads((cut / "experiences.json").read_text()) == {"step": 2, "experiences": STEP2}
+    assert [r["step"] for r in _jsonl(cut / "rollouts.jsonl")] == [1] * 8 + [2] * 8
 
 
 def test_the_policy_as_its_own_llm_answers_garbage_and_the_run_still_finishes(tmp_path, tiny_dir, turns_end):
