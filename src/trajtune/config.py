@@ -353,7 +353,7 @@ class RunBase(_C):
     """What every training run has. An algorithm's config subclasses it and adds
     ``algorithm: Literal["<name>"] = "<name>"`` (the tag of the run-config union) and its sections."""
 
-    algorithm: str = Field(description="what to train: sft, rl, rft, dpo (trajtune config show ALGORITHM)")
+    algorithm: str = Field(description="what to train: sft, rl, rft, dpo, tfgrpo (trajtune config show ALGORITHM)")
     model: ModelSpec = Field(description="the model to start from (a string is short for model.name_or_path)")
     output_dir: str = Field(description="the run directory; an existing one is refused unless --overwrite or "
                                         "--resume")

@@ -97,6 +97,9 @@ def eval_(
                                "trajectories).")] = None,
     judge_max_tokens: Annotated[Optional[int], typer.Option(
         "--judge-max-tokens", help="Token limit of the judge's reply (default 256).")] = None,
+    experiences: Annotated[Optional[Path], typer.Option(
+        "--experiences", help="Put the lessons of a tfgrpo run (its directory or experiences.json) in the system "
+                              "prompt, as the run's rollouts had them (docs/algorithms.md, Training-free GRPO).")] = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -109,6 +112,8 @@ def eval_(
     Example: trajtune eval --model openai:http://127.0.0.1:8000/v1 --env home --tasks 50   (a `trajtune serve` or vLLM endpoint)
 
     Example: trajtune eval --model runs/demo/sft/final --env home --judge openai:http://127.0.0.1:8000/v1 --judge-rubric my_rubric.txt
+
+    Example: trajtune eval --model Qwen/Qwen3-0.6B --env home --experiences runs/tfgrpo-home   (a tfgrpo run's lessons)
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -130,6 +135,10 @@ def eval_(
         workers=workers, template=str(template) if template else None, render=render_overrides(set_),
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
         judge_max_tokens=judge_max_tokens)
+    if experiences is not None:
+        from trajtune.envs.adapters.experiences import load_experiences
+
+        settings.experiences = load_experiences(experiences)
     backend = None
     if model.startswith("openai:"):
         from trajtune.envs.adapters.openai_policy import endpoint_policy

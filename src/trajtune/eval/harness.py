@@ -68,6 +68,7 @@ class EvalSettings:
     judge_model: str | None = None  # the model name sent to the judge endpoint (default "default")
     judge_rubric: str | None = None  # a text/Markdown rubric file (default: trajtune.judge.DEFAULT_RUBRIC)
     judge_max_tokens: int | None = None  # token limit of the judge's reply (default 256)
+    experiences: list[str] | None = None  # lessons put in the prompt (a tfgrpo run's library: envs/adapters/experiences.py)
 
     @property
     def samples(self) -> int:
@@ -106,6 +107,8 @@ class EvalSettings:
         if self.workers < 1 or self.batch_size < 1:
             raise UsageError("--workers and --batch-size must be at least 1")
         self.render_config()  # unknown or invalid render options fail before anything loads
+        if self.experiences is not None and self.env is None:
+            raise UsageError("--experiences puts lessons in an environment's prompt; give --env (not --benchmark)")
         self._validate_judge()
 
     def _validate_judge(self) -> None:
@@ -155,6 +158,10 @@ class Suite:
 
 def _env_suite(name: str, kwargs: dict[str, Any], s: EvalSettings) -> Suite:
     def factory() -> Environment:
+        if s.experiences is not None:  # the prompt a tfgrpo run tuned its lessons with
+            from trajtune.envs.adapters.experiences import WithExperiences
+
+            return WithExperiences(make_env(name, **kwargs), s.experiences)
         return make_env(name, **kwargs)
 
     probe = factory()
