@@ -112,13 +112,15 @@ def _memorise(model, tok, doc, steps: int) -> None:
 
 
 def test_extraction_rate_is_zero_for_a_fresh_model_and_positive_after_memorising(tiny_model, tiny_tok, home_experts):
-    # short conversations (canary in the first user message) keep the memorisation run small
+    # short contexts (the user message the canary is in, no system prompt or tools) keep the
+    # memorisation run small; the probe prompts with whatever context the sidecar holds
     _, doc = plant_canaries(_copies(home_experts[:4]), n=4, seed=0, where="user", length=6)
     for c in doc["canaries"]:
-        c["messages"] = c["messages"][:c["message_index"] + 1]
+        c["messages"] = [m for m in c["messages"] if m["role"] != "system"]
+        c["tools"] = []
     fresh = extraction_rate(tiny_model, tiny_tok, doc)
     assert fresh["n"] == 4 and fresh["extracted"] == 0 and fresh["extraction_rate"] == 0.0
-    _memorise(tiny_model, tiny_tok, doc, steps=60)
+    _memorise(tiny_model, tiny_tok, doc, steps=50)
     trained = extraction_rate(tiny_model, tiny_tok, doc)
     assert trained["extracted"] > 0
     assert trained["extraction_rate"] == trained["extracted"] / 4
