@@ -120,4 +120,6 @@ def forgetting(
         c = result["capability"]
         line += f"; Δsuccess = {c['delta_success']:+.3f} (base {c['base_success']:.3f}, model {c['model_success']:.3f})"
     typer.echo(line, err=True)
+    if "warning" in t:
+        typer.echo(f"warning: {t['warning']}", err=True)
     _emit(result, out)

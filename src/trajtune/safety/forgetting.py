@@ -107,12 +107,18 @@ def text_forgetting(base: str, model: str, *, text: str | Path | None = None, ma
     paras, source = load_general_text(text)
     losses = {}
     tokens = 0
+    vocabs = []
     for role, name in (("base", base), ("model", model)):
         m, tok = _load(name, device)
         losses[role], tokens = text_nll(m, tok, paras, max_length=max_length)
+        vocabs.append(tok.get_vocab())
         del m
-    return {"source": source, "paragraphs": len(paras), "tokens": tokens, "base_loss": losses["base"],
-            "model_loss": losses["model"], "delta_loss": losses["model"] - losses["base"]}
+    out = {"source": source, "paragraphs": len(paras), "tokens": tokens, "base_loss": losses["base"],
+           "model_loss": losses["model"], "delta_loss": losses["model"] - losses["base"]}
+    if vocabs[0] != vocabs[1]:  # per-token losses over different tokenizations are not comparable
+        out["warning"] = ("the two models have different tokenizers, so their per-token losses count different "
+                          "tokens; compare Δloss only between a model and its own base")
+    return out
 
 
 def capability_forgetting(base: str, model: str, *, env: str, tasks: int, seed: int = 0,
