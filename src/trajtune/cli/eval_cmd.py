@@ -100,6 +100,10 @@ def eval_(
     experiences: Annotated[Optional[Path], typer.Option(
         "--experiences", help="Put the lessons of a tfgrpo run (its directory or experiences.json) in the system "
                               "prompt, as the run's rollouts had them (docs/algorithms.md, Training-free GRPO).")] = None,
+    bayes_lora: Annotated[Optional[int], typer.Option(
+        "--bayes-lora", help="BayesLoRA: K stochastic passes per episode with dropout on in the LoRA layers only "
+                             "(--model must be a LoRA adapter trained with lora.dropout > 0). Adds "
+                             "metrics.uncertainty and metadata.uncertainty per episode (docs/probes.md).")] = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -114,6 +118,7 @@ def eval_(
     Example: trajtune eval --model runs/demo/sft/final --env home --judge openai:http://127.0.0.1:8000/v1 --judge-rubric my_rubric.txt
 
     Example: trajtune eval --model Qwen/Qwen3-0.6B --env home --experiences runs/tfgrpo-home   (a tfgrpo run's lessons)
+    Example: trajtune eval --model runs/lora-sft/final --env home --tasks 50 --bayes-lora 8   (uncertainty per turn)
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -134,7 +139,7 @@ def eval_(
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render_overrides(set_),
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
-        judge_max_tokens=judge_max_tokens)
+        judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora)
     if experiences is not None:
         from trajtune.envs.adapters.experiences import load_experiences
 

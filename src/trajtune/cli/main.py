@@ -25,6 +25,7 @@ from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
 from trajtune.cli.models import models_app
+from trajtune.cli.probe import probe_app
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
 from trajtune.errors import EXIT_CODES, Interrupted, UserError
@@ -119,6 +120,7 @@ app.add_typer(data_app, name="data",
 app.add_typer(envs_app, name="envs")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
+app.add_typer(probe_app, name="probe")
 
 
 def main() -> None:

@@ -69,6 +69,7 @@ class EvalSettings:
     judge_rubric: str | None = None  # a text/Markdown rubric file (default: trajtune.judge.DEFAULT_RUBRIC)
     judge_max_tokens: int | None = None  # token limit of the judge's reply (default 256)
     experiences: list[str] | None = None  # lessons put in the prompt (a tfgrpo run's library: envs/adapters/experiences.py)
+    bayes_lora: int | None = None  # K MC-dropout passes on the LoRA adapter per episode (trajtune.safety.bayes_lora)
 
     @property
     def samples(self) -> int:
@@ -106,6 +107,8 @@ class EvalSettings:
             raise UsageError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
         if self.workers < 1 or self.batch_size < 1:
             raise UsageError("--workers and --batch-size must be at least 1")
+        if self.bayes_lora is not None and self.bayes_lora < 2:
+            raise UsageError("--bayes-lora needs at least 2 stochastic passes (e.g. --bayes-lora 8)")
         self.render_config()  # unknown or invalid render options fail before anything loads
         if self.experiences is not None and self.env is None:
             raise UsageError("--experiences puts lessons in an environment's prompt; give --env (not --benchmark)")
@@ -273,12 +276,13 @@ def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: 
 
 def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = None,
                    progress: Callable[[int], None] | None = None,
-                   suites: list[Suite] | None = None, judge: Any = None) -> dict[str, Any]:
+                   suites: list[Suite] | None = None, judge: Any = None, scorers: Sequence[Any] = ()) -> dict[str, Any]:
     """Run (or finish) an evaluation and return its results; writes them through ``store`` if given.
 
     ``suites`` (from ``build_suites(settings)``) may be passed when the caller built them already.
     ``judge`` (a ``trajtune.judge.Judge``) scores each batch of episodes before they are stored, so
-    its verdicts (``metadata["judge"]``) survive a resume.
+    its verdicts (``metadata["judge"]``) survive a resume. ``scorers`` (objects with ``annotate(trajs)``,
+    e.g. ``trajtune.safety.bayes_lora.BayesLoRAScorer``) do the same for other per-episode scores.
     """
     settings.validate()
     verifier = get_verifier(settings.verifier) if settings.best_of else None
@@ -301,6 +305,8 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
             trajs = [_annotate(tr, suite, t, i, samples) for tr, (t, i) in zip(trajs, chunk)]
             if judge is not None:
                 judge.annotate(trajs)
+            for scorer in scorers:
+                scorer.annotate(trajs)
             if store is not None:
                 store.append(trajs)
             else:
@@ -324,6 +330,12 @@ def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifi
         "samples_per_task": settings.samples,
         "metrics": summarize(episodes, ks=settings.ks),
     }
+    if settings.bayes_lora:
+        from trajtune.safety.bayes_lora import summarize_uncertainty
+
+        uncertainty = summarize_uncertainty(episodes)
+        if uncertainty is not None:
+            out["metrics"]["uncertainty"] = uncertainty
     if verifier is not None:
         out["best_of"] = best_of_report(episodes, verifier, settings.samples)
     if settings.benchmark == "bfcl":
