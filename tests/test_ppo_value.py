@@ -3,6 +3,7 @@ blending a learned value in (rl.mc_critic.value_weight)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -11,8 +12,16 @@ from safetensors.torch import load_file
 
 from trajtune.algorithms.batch import collate, token_logprobs
 from trajtune.algorithms.mc_critic import assign_mc_advantages, gae
-from trajtune.algorithms.value import (VALUE_HEAD_FILE, ValueHead, ValueObjective, assign_gae_advantages,
-                                       hidden_size, logprobs_and_values, token_gae, value_loss)
+from trajtune.algorithms.value import (
+    VALUE_HEAD_FILE,
+    ValueHead,
+    ValueObjective,
+    assign_gae_advantages,
+    hidden_size,
+    logprobs_and_values,
+    token_gae,
+    value_loss,
+)
 from trajtune.tokens import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
 P, E = SOURCE_POLICY, SOURCE_ENV
@@ -59,7 +68,7 @@ def test_lambda_one_is_the_monte_carlo_return_minus_v_and_lambda_zero_the_td_err
 def test_gae_whitening_is_over_trained_policy_tokens_and_masked_episodes_get_nothing():
     a, b, masked = _episode(), _episode([0.0] * 8), _episode()
     masked.meta["masked"], masked.weight = True, [0.0] * 8
-    tts, m = assign_gae_advantages([a, b, masked], gamma=0.9, lam=0.95, whiten_advantages=True)
+    _, m = assign_gae_advantages([a, b, masked], gamma=0.9, lam=0.95, whiten_advantages=True)
     trained = torch.tensor([t.advantages[i] for t in (a, b) for i in POLICY], dtype=torch.float64)
     assert float(trained.mean()) == pytest.approx(0.0, abs=1e-9)
     assert float(trained.std()) == pytest.approx(1.0, abs=1e-6)
@@ -131,7 +140,7 @@ def test_value_loss_decreases_on_a_fixed_batch(tiny_model, tiny_tok):
         opt.step()
     assert losses[0] == pytest.approx(0.5)  # V = 0, returns ±1: ½ · 1
     assert losses[-1] < 0.5 * losses[0]
-    assert all(x > y for x, y in zip(losses, losses[1:]))
+    assert all(x > y for x, y in itertools.pairwise(losses))
 
 
 def _mc(values: list[float]) -> TokenTrajectory:

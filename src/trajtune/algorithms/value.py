@@ -39,7 +39,12 @@ from pydantic import Field
 
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, collate
-from trajtune.algorithms.grpo import PolicyGradientObjective, mark_nonfinite_rewards, turn_returns, turn_rewards
+from trajtune.algorithms.grpo import (
+    PolicyGradientObjective,
+    mark_nonfinite_rewards,
+    turn_returns,
+    turn_rewards,
+)
 from trajtune.config import _C
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
