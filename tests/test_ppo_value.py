@@ -245,3 +245,14 @@ def test_gae_accepts_groups_of_one():
 
     cfg = load_config(None, RLRunConfig, ["model=m", "env=home", "output_dir=o", "rl.credit=gae", "rl.group_size=1"])
     assert cfg.rl.uses_value_head() and cfg.rl.value is None  # defaults when omitted
+
+
+def test_resume_refuses_a_checkpoint_without_the_value_head(tiny_dir, tmp_path):
+    from trajtune.errors import RunDirError
+    from trajtune.train import run
+
+    out = tmp_path / "r"
+    base = ["rl.credit=episode", "rl.gamma=1.0", "train.steps=2"]
+    run(_cfg(tiny_dir, out, *base), quiet=True, stop_after=1)
+    with pytest.raises(RunDirError, match="has no value_head.safetensors"):
+        run(_cfg(tiny_dir, out, "train.steps=2"), quiet=True, resume=True, allow_config_change=True)

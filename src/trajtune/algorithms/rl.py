@@ -160,7 +160,7 @@ class RLSpec(_C):
         if self.group_size == 1 and (self.drop_equal_groups or self.dynamic_sampling is not None):
             raise ValueError("rl.drop_equal_groups / rl.dynamic_sampling with group_size 1 would drop every group")
         if "gamma" in s and self.credit == "episode":
-            raise ValueError("rl.gamma only applies to credit: turn or mc_critic")
+            raise ValueError("rl.gamma only applies to credit: turn, mc_critic or gae")
         if self.mc_critic is not None and self.credit != "mc_critic":
             raise ValueError("rl.mc_critic only applies to credit: mc_critic")
         if self.credit == "mc_critic" and ("estimator" in s or "whitening" in s):
