@@ -24,6 +24,8 @@ class Batch:
     advantages: torch.Tensor  # [B, T] float (0 where unset)
     rewards: torch.Tensor  # [B] float
     size: int
+    values: torch.Tensor | None = None  # [B, T] float: V_old of the state before token t (a value head's runs)
+    returns: torch.Tensor | None = None  # [B, T] float: the value head's targets
 
     def loss_mask(self) -> torch.Tensor:
         """1.0 on trained policy tokens (source policy and weight > 0), shifted to target positions."""
@@ -48,6 +50,8 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
     has_ref = all("ref_logprobs" in t.meta for t in tts)
     ref = torch.zeros((b, width)) if has_ref else None
     rewards = torch.zeros(b)
+    value_keys = [k for k in ("values", "returns") if all(k in t.meta for t in tts)]
+    extra = {k: torch.zeros((b, width)) for k in value_keys}
     for r, t in enumerate(tts):
         n = len(t)
         ids[r, :n] = torch.tensor(t.ids, dtype=torch.long)
@@ -61,7 +65,9 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
         if ref is not None:
             ref[r, :n] = torch.tensor(t.meta["ref_logprobs"], dtype=torch.float)
         rewards[r] = float(t.reward or 0.0)
-    return Batch(ids, attn, src, w, old, ref, adv, rewards, b)
+        for k, v in extra.items():
+            v[r, :n] = torch.tensor(t.meta[k][:n], dtype=torch.float)
+    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra)
 
 
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
