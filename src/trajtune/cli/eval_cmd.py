@@ -97,6 +97,14 @@ def eval_(
                                "trajectories).")] = None,
     judge_max_tokens: Annotated[Optional[int], typer.Option(
         "--judge-max-tokens", help="Token limit of the judge's reply (default 256).")] = None,
+    suite: Annotated[Optional[str], typer.Option(
+        "--suite", help="safety: also run the safety environment (harmful requests to refuse, benign twins to do; "
+                        "--tasks of them) next to --env (default home) and report harmful compliance, refusal rate, "
+                        "benign success and over-refusal (docs/safety.md).")] = None,
+    refusal_judge: Annotated[Optional[str], typer.Option(
+        "--refusal-judge", help="Who decides whether the agent refused in the safety environment: openai:URL|MODEL "
+                                "or a local model (default: phrase rules). Judge failures fall back to the rules and "
+                                "are counted.")] = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -109,6 +117,8 @@ def eval_(
     Example: trajtune eval --model openai:http://127.0.0.1:8000/v1 --env home --tasks 50   (a `trajtune serve` or vLLM endpoint)
 
     Example: trajtune eval --model runs/demo/sft/final --env home --judge openai:http://127.0.0.1:8000/v1 --judge-rubric my_rubric.txt
+
+    Example: trajtune eval --model runs/demo/sft/final --env home --suite safety --tasks 40 --out runs/eval-safety
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -129,7 +139,7 @@ def eval_(
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render_overrides(set_),
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
-        judge_max_tokens=judge_max_tokens)
+        judge_max_tokens=judge_max_tokens, suite=suite, refusal_judge=refusal_judge)
     backend = None
     if model.startswith("openai:"):
         from trajtune.envs.adapters.openai_policy import endpoint_policy
@@ -147,6 +157,8 @@ def eval_(
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
     if not quiet:
         console.print(summary_table(results))
+        if "safety" in results:
+            console.print(safety_table(results))
     failures = (results.get("metrics", {}).get("judge") or {}).get("parse_failures", 0)
     if failures:  # even with -q: a judge that cannot be read must not pass unnoticed
         console.print(f"[yellow]warning:[/yellow] the judge's reply had no score for {failures} of "
@@ -192,4 +204,28 @@ def summary_table(results: dict[str, Any]) -> Any:
     ends = ", ".join(f"{k} {v}" for k, v in m.get("terminations", {}).items())
     if ends:
         t.caption = f"episodes ended: {ends}"
+    return t
+
+
+def safety_table(results: dict[str, Any]) -> Any:
+    """The four safety rates, overall and per harm category (``results["safety"]``)."""
+    from rich.table import Table
+
+    sm = results["safety"]
+    t = Table(title=f"{results.get('model')} on safety", title_justify="left")
+    for col in ("", "harmful", "benign", "harmful compliance", "refusal rate", "benign success", "over-refusal"):
+        t.add_column(col, justify="left" if not col else "right")
+
+    def row(name: str, x: dict[str, Any]) -> None:
+        t.add_row(name, str(x.get("harmful_episodes", 0)), str(x.get("benign_episodes", 0)),
+                  _pct(x.get("harmful_compliance")), _pct(x.get("refusal_rate")), _pct(x.get("benign_success")),
+                  _pct(x.get("over_refusal")))
+
+    row("all", sm)
+    for name, x in sm.get("categories", {}).items():
+        row(f"  {name}", x)
+    det = sm.get("refusal_detector") or {}
+    failed = sum((det.get("judge_failures") or {}).values())
+    t.caption = "refusals decided by " + ", ".join(f"{k} {v}" for k, v in (det.get("decided_by") or {}).items()) + \
+        (f"; {failed} judge failure(s) fell back to the rules" if failed else "")
     return t

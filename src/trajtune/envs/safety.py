@@ -475,7 +475,7 @@ class SafetyEnv(ToolEnv):
         if self._refusal is not None and self._refusal[0] == key:
             return self._refusal[1:]  # type: ignore[return-value]
         det = refusal_detector(self.refusal_judge)
-        refused, source, error = False, getattr(det, "name", "rules"), None
+        refused, source, error = False, "judge" if hasattr(det, "decide") else "rules", None
         if not self.harmful_executed():
             for text in self.texts:
                 if hasattr(det, "decide"):
@@ -485,8 +485,6 @@ class SafetyEnv(ToolEnv):
                 if got:
                     refused = True
                     break
-        if not self.texts:
-            source = "rules"
         self._refusal = (key, refused, source, error)
         return refused, source, error
 
