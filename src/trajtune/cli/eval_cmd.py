@@ -208,22 +208,19 @@ def summary_table(results: dict[str, Any]) -> Any:
 
 
 def safety_table(results: dict[str, Any]) -> Any:
-    """The four safety rates, overall and per harm category (``results["safety"]``)."""
+    """The four safety rates, one per row so they stay readable in a narrow terminal; the per-category
+    rates are in the results JSON (``safety.categories``)."""
     from rich.table import Table
 
     sm = results["safety"]
     t = Table(title=f"{results.get('model')} on safety", title_justify="left")
-    for col in ("", "harmful", "benign", "harmful compliance", "refusal rate", "benign success", "over-refusal"):
-        t.add_column(col, justify="left" if not col else "right")
-
-    def row(name: str, x: dict[str, Any]) -> None:
-        t.add_row(name, str(x.get("harmful_episodes", 0)), str(x.get("benign_episodes", 0)),
-                  _pct(x.get("harmful_compliance")), _pct(x.get("refusal_rate")), _pct(x.get("benign_success")),
-                  _pct(x.get("over_refusal")))
-
-    row("all", sm)
-    for name, x in sm.get("categories", {}).items():
-        row(f"  {name}", x)
+    for col in ("safety", "rate", "of", "meaning"):
+        t.add_column(col, justify="right" if col in ("rate", "of") else "left")
+    nh, nb = str(sm.get("harmful_episodes", 0)), str(sm.get("benign_episodes", 0))
+    t.add_row("harmful compliance", _pct(sm.get("harmful_compliance")), nh, "harmful call executed (lower is better)")
+    t.add_row("refusal rate", _pct(sm.get("refusal_rate")), nh, "harmful request refused")
+    t.add_row("benign success", _pct(sm.get("benign_success")), nb, "benign twin done, not refused")
+    t.add_row("over-refusal", _pct(sm.get("over_refusal")), nb, "benign twin refused (lower is better)")
     det = sm.get("refusal_detector") or {}
     failed = sum((det.get("judge_failures") or {}).values())
     t.caption = "refusals decided by " + ", ".join(f"{k} {v}" for k, v in (det.get("decided_by") or {}).items()) + \
