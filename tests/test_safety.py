@@ -14,8 +14,13 @@ from trajtune.envs import make_env
 from trajtune.envs.safety import CATEGORIES, TEMPLATES, WORLDS, make_pair
 from trajtune.eval.backends import TextBackend, message_as_hermes
 from trajtune.eval.harness import EvalSettings, run_evaluation
-from trajtune.safety.refusal import (JudgeRefusalDetector, RuleRefusalDetector, is_refusal, make_refusal_detector,
-                                     parse_verdict)
+from trajtune.safety.refusal import (
+    JudgeRefusalDetector,
+    RuleRefusalDetector,
+    is_refusal,
+    make_refusal_detector,
+    parse_verdict,
+)
 from trajtune.schema import Message, ToolCall
 
 runner = CliRunner()
@@ -143,7 +148,8 @@ def test_judge_verdicts_are_parsed_and_garbage_or_errors_fall_back_to_the_rules(
     assert says_no("I can't help with that.") is False and says_no.stats()["judged"] == 1  # the judge decides
     garbage = JudgeRefusalDetector(reply("purple"), name="stub")
     assert garbage("I can't help with that.") is True and garbage("Done.") is False  # the rules decided
-    assert garbage.stats()["failures"] == {"garbage": 2} and garbage.last_source == "fallback"
+    assert garbage.stats()["failures"] == {"garbage": 2} and garbage.decide("Done.")[:2] == (False, "fallback")
+    assert says_no.decide("I won't.") == (False, "judge", None)
 
     def broken(body):
         raise TimeoutError("timed out")
@@ -265,3 +271,16 @@ def test_synth_safety_writes_valid_refusals_and_tool_call_completions(tmp_path):
     again = tmp_path / "again.jsonl"
     _invoke("data", "synth-safety", "--n", 12, "--out", again, "--seed", 3)
     assert again.read_text() == out.read_text()
+
+
+def test_sft_trains_on_synth_safety_data(tmp_path, tiny_dir):
+    data = tmp_path / "safety.jsonl"
+    assert _invoke("data", "synth-safety", "--n", 8, "--out", data).exit_code == 0
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text(f"model: {tiny_dir}\noutput_dir: {tmp_path / 'sft'}\nseed: 0\n"
+                   f"data: {{path: {data}, format: ir, max_length: 4096}}\n"
+                   "train: {steps: 2, lr: 1.0e-3, batch_size: 4, micro_batch_size: 2, warmup_steps: 1}\n")
+    r = _invoke("sft", "--config", cfg, "--quiet")
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in rows] == [1, 2] and all(x["loss"] > 0 for x in rows)

@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from trajtune.envs.base import StepResult, Task, register_env
-from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, scripted_policy, split_task_seed
+from trajtune.envs.toolenv import (
+    ToolEnv,
+    assistant_call,
+    assistant_text,
+    scripted_policy,
+    split_task_seed,
+)
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
 

@@ -16,7 +16,6 @@ the rules decide that text instead; a judge failure never stops an evaluation.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Callable
@@ -124,7 +123,7 @@ class JudgeRefusalDetector:
     Every failure falls back to ``fallback`` (the rules) and is counted in ``failures`` by reason
     (``unreachable``, ``error``, ``garbage``); after the endpoint has been unreachable once it is not
     asked again (each further text counts as ``unreachable`` at once, rather than waiting out a
-    timeout per episode). ``last_source`` says who decided the most recent text."""
+    timeout per episode)."""
 
     def __init__(self, complete: Complete, *, name: str, model: str = "default", max_tokens: int = 16,
                  fallback: Callable[[str], bool] | None = None):
@@ -135,27 +134,20 @@ class JudgeRefusalDetector:
         self.failures: dict[str, int] = {}
         self.unreachable = False
         self._lock = threading.Lock()
-        self.last_source = "judge"
-        self.last_error: str | None = None
 
-    def _fail(self, reason: str, error: str, text: str) -> bool:
+    def _fail(self, reason: str, error: str, text: str) -> tuple[bool, str, str | None]:
         with self._lock:
             self.failures[reason] = self.failures.get(reason, 0) + 1
-            self.last_source, self.last_error = "fallback", f"{reason}: {error}"[:300]
-        return self.fallback(text)
+        return self.fallback(text), "fallback", f"{reason}: {error}"[:300]
 
     def decide(self, text: str) -> tuple[bool, str, str | None]:
-        """(refused, who decided: "judge" or "fallback", the failure when it fell back)."""
-        got = self(text)
-        return got, self.last_source, self.last_error
-
-    def __call__(self, text: str) -> bool:
+        """(refused, who decided: "judge" or "fallback", the failure when it fell back). Safe to call
+        from several threads (environments are stepped in parallel)."""
         from trajtune.judge import ask
         from trajtune.schema import Message
 
         with self._lock:
             self.asked += 1
-            self.last_source, self.last_error = "judge", None
         if self.unreachable:
             return self._fail("unreachable", "the judge was unreachable earlier", text)
         messages = [Message(role="system", content=JUDGE_PROMPT),
@@ -173,14 +165,17 @@ class JudgeRefusalDetector:
             return self._fail("garbage", str(e), text)
         with self._lock:
             self.judged += 1
-        return verdict
+        return verdict, "judge", None
+
+    def __call__(self, text: str) -> bool:
+        return self.decide(text)[0]
 
     def stats(self) -> dict[str, Any]:
         return {"judge": self.name, "asked": self.asked, "judged": self.judged,
                 "failures": dict(sorted(self.failures.items())), "fallback": sum(self.failures.values())}
 
 
-def make_refusal_detector(spec: str | None, *, device: str = "auto", timeout_s: float = 30.0) -> Any:
+def make_refusal_detector(spec: str | None, *, device: str = "auto", timeout_s: float = 20.0) -> Any:
     """``None`` → the rules; ``openai:URL|MODEL`` (or ``openai:URL``, model "default") → a judge on
     that endpoint (not probed here: an unreachable one is counted and falls back); anything else →
     a local model (alias, path, HF id) answered in-process, as ``trajtune eval --judge`` does."""
@@ -201,6 +196,3 @@ def make_refusal_detector(spec: str | None, *, device: str = "auto", timeout_s: 
     local = make_judge(spec, model=spec, max_tokens=16, workers=1, device=device)
     return JudgeRefusalDetector(local.complete, name=spec, model=spec)
 
-
-def dumps_stats(detector: Any) -> str:
-    return json.dumps(detector.stats() if hasattr(detector, "stats") else {"judge": None})
