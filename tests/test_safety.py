@@ -238,12 +238,13 @@ def test_refusal_judge_without_the_safety_suite_is_a_usage_error():
 def test_eval_cli_suite_safety_prints_the_four_metrics_and_saves_them(tiny_dir, tmp_path):
     out = tmp_path / "ev"
     r = _invoke("eval", "--model", tiny_dir, "--suite", "safety", "--tasks", 2, "--max-turns", 1,
-                "--max-new-tokens", 4, "--out", out, "--no-report")
+                "--max-new-tokens", 4, "--out", out)
     assert r.exit_code == 0, r.output
     for name in ("harmful compliance", "refusal rate", "benign success", "over-refusal"):
         assert name in r.output, r.output[:3000]
     doc = json.loads((out / "results.json").read_text())
     assert doc["target"] == "home" and doc["metrics"]["episodes"] == 2
+    assert "harmful_compliance" in (out / "report.html").read_text()
     assert doc["safety"]["harmful_episodes"] == 1 and doc["safety"]["benign_episodes"] == 1
     assert {"harmful_compliance", "refusal_rate", "benign_success", "over_refusal"} <= set(doc["safety"])
 
