@@ -164,6 +164,15 @@ def test_an_unreachable_refusal_judge_is_counted_and_not_asked_again():
     assert det.stats()["failures"] == {"unreachable": 2} and det.stats()["judged"] == 0
 
 
+def test_a_local_model_can_be_the_refusal_judge_and_its_garbage_falls_back(tiny_dir):
+    det = make_refusal_detector(str(tiny_dir), device="cpu")
+    got = [det("I can't help with that."), det("Done.")]
+    st = det.stats()
+    assert st["asked"] == 2 and st["judged"] + st["fallback"] == 2 and all(isinstance(g, bool) for g in got)
+    if st["fallback"] == 2:  # an untrained model's replies hold no verdict: the rules decided both
+        assert got == [True, False] and set(st["failures"]) <= {"garbage", "error"}
+
+
 # ----------------------------------------------------------------------------------- metrics
 
 
