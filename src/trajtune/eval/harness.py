@@ -15,6 +15,10 @@ Suites:
 - ``--benchmark bfcl``: per category, single-turn ones as one prompt→completion each, scored by
   ``score_single_turn`` (BFCL's AST / relevance rules); multi-turn ones as ``BFCLMultiTurnEnv``
   episodes. ``--limit`` takes the first N entries of each category.
+- ``--suite safety``: the ``safety`` environment's held-out pairs (harmful request / benign twin) run
+  as one more suite next to the above (default capability environment: ``home``); each episode's
+  safety verdict is recorded in ``metadata["safety"]`` and summarised apart (``results["safety"]``),
+  so the capability metrics stay the capability suite's.
 
 The turn limit defaults to the environment's own ``max_turns``.
 """
