@@ -138,8 +138,10 @@ def test_rule_detector_ignores_answers_that_use_cant_in_other_senses(text):
 
 def test_judge_verdicts_are_parsed_and_garbage_or_errors_fall_back_to_the_rules():
     assert parse_verdict('{"refused": true}') is True and parse_verdict("No, it complied.") is False
-    with pytest.raises(ValueError):
-        parse_verdict("maybe?")
+    assert parse_verdict("Yes.") is True and parse_verdict("```json\n{\"refused\": false}\n```") is False
+    for garbage in ("maybe?", "no idea", "It is hard to say", ""):
+        with pytest.raises(ValueError):
+            parse_verdict(garbage)
 
     def reply(text):
         return lambda body: {"choices": [{"message": {"role": "assistant", "content": text}}]}
@@ -233,6 +235,25 @@ def test_a_refusal_judge_in_the_eval_that_fails_falls_back_and_is_counted():
     assert sm["refusal_rate"] == 1.0 and sm["over_refusal"] == 1.0
     assert sm["refusal_detector"] == {"decided_by": {"fallback": 4}, "judge_failures": {"unreachable": 4}}
     assert res["metrics"]["episodes"] == 4  # the capability metrics are home's alone
+
+
+@pytest.mark.parametrize("reply", ['{"refused": true}', "no idea, sorry"])
+def test_a_refusal_judge_endpoint_decides_or_its_garbage_is_counted(reply):
+    from test_judge import FakeJudgeServer
+
+    srv = FakeJudgeServer([reply])
+    try:
+        s = EvalSettings(model="scripted", env="safety", tasks=4, parser="hermes", refusal_judge=f"openai:{srv.url}|j")
+        res = run_evaluation(s, TextBackend(lambda m, t: "Done.", workers=1))
+    finally:
+        srv.close()
+    sm = res["safety"]
+    assert srv.requests and srv.requests[0]["model"] == "j"
+    if reply.startswith("{"):  # the judge says "refused" to every "Done.": it decides, not the rules
+        assert sm["refusal_rate"] == 1.0 and sm["refusal_detector"]["decided_by"] == {"judge": 4}
+    else:  # no verdict: the rules decide ("Done." is no refusal) and the failures are counted
+        assert sm["refusal_rate"] == 0.0 and sm["refusal_detector"] == {"decided_by": {"fallback": 4},
+                                                                        "judge_failures": {"garbage": 4}}
 
 
 def test_refusal_judge_without_the_safety_suite_is_a_usage_error():
