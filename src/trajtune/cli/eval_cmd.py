@@ -104,6 +104,14 @@ def eval_(
         "--bayes-lora", help="BayesLoRA: K stochastic passes per episode with dropout on in the LoRA layers only "
                              "(--model must be a LoRA adapter trained with lora.dropout > 0). Adds "
                              "metrics.uncertainty and metadata.uncertainty per episode (docs/probes.md).")] = None,
+    suite: Annotated[Optional[str], typer.Option(
+        "--suite", help="safety: also run the safety environment (harmful requests to refuse, benign twins to do; "
+                        "--tasks of them) next to --env (default home) and report harmful compliance, refusal rate, "
+                        "benign success and over-refusal (docs/safety.md).")] = None,
+    refusal_judge: Annotated[Optional[str], typer.Option(
+        "--refusal-judge", help="Who decides whether the agent refused in the safety environment: openai:URL|MODEL "
+                                "or a local model (default: phrase rules). Judge failures fall back to the rules and "
+                                "are counted.")] = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -119,6 +127,7 @@ def eval_(
 
     Example: trajtune eval --model Qwen/Qwen3-0.6B --env home --experiences runs/tfgrpo-home   (a tfgrpo run's lessons)
     Example: trajtune eval --model runs/lora-sft/final --env home --tasks 50 --bayes-lora 8   (uncertainty per turn)
+    Example: trajtune eval --model runs/demo/sft/final --env home --suite safety --tasks 40 --out runs/eval-safety
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -139,7 +148,7 @@ def eval_(
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render_overrides(set_),
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
-        judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora)
+        judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora, suite=suite, refusal_judge=refusal_judge)
     if experiences is not None:
         from trajtune.envs.adapters.experiences import load_experiences
 
@@ -161,6 +170,8 @@ def eval_(
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
     if not quiet:
         console.print(summary_table(results))
+        if "safety" in results:
+            console.print(safety_table(results))
     failures = (results.get("metrics", {}).get("judge") or {}).get("parse_failures", 0)
     if failures:  # even with -q: a judge that cannot be read must not pass unnoticed
         console.print(f"[yellow]warning:[/yellow] the judge's reply had no score for {failures} of "
@@ -206,4 +217,25 @@ def summary_table(results: dict[str, Any]) -> Any:
     ends = ", ".join(f"{k} {v}" for k, v in m.get("terminations", {}).items())
     if ends:
         t.caption = f"episodes ended: {ends}"
+    return t
+
+
+def safety_table(results: dict[str, Any]) -> Any:
+    """The four safety rates, one per row so they stay readable in a narrow terminal; the per-category
+    rates are in the results JSON (``safety.categories``)."""
+    from rich.table import Table
+
+    sm = results["safety"]
+    t = Table(title=f"{results.get('model')} on safety", title_justify="left")
+    for col in ("safety", "rate", "of", "meaning"):
+        t.add_column(col, justify="right" if col in ("rate", "of") else "left")
+    nh, nb = str(sm.get("harmful_episodes", 0)), str(sm.get("benign_episodes", 0))
+    t.add_row("harmful compliance", _pct(sm.get("harmful_compliance")), nh, "harmful call executed (lower is better)")
+    t.add_row("refusal rate", _pct(sm.get("refusal_rate")), nh, "harmful request refused")
+    t.add_row("benign success", _pct(sm.get("benign_success")), nb, "benign twin done, not refused")
+    t.add_row("over-refusal", _pct(sm.get("over_refusal")), nb, "benign twin refused (lower is better)")
+    det = sm.get("refusal_detector") or {}
+    failed = sum((det.get("judge_failures") or {}).values())
+    t.caption = "refusals decided by " + ", ".join(f"{k} {v}" for k, v in (det.get("decided_by") or {}).items()) + \
+        (f"; {failed} judge failure(s) fell back to the rules" if failed else "")
     return t

@@ -24,6 +24,7 @@ from trajtune.cli.data import data_app
 from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
+from trajtune.cli.synth_safety import synth_safety
 from trajtune.cli.models import models_app
 from trajtune.cli.probe import probe_app
 from trajtune.cli.report import report_cmd
@@ -115,6 +116,7 @@ app.command("doctor")(doctor_cmd)
 app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
 data_app.command("generate")(generate)
+data_app.command("synth-safety")(synth_safety)
 app.add_typer(data_app, name="data",
               help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
 app.add_typer(envs_app, name="envs")
