@@ -84,7 +84,10 @@ class RenderConfig:
     and calls and its calls parse back, else the first fallback that renders. ``system_role`` /
     ``tool_role`` / ``content_format`` / ``arguments_format``: ``auto`` probes the template; set one
     to force it. ``template_kwargs``: extra variables for the template (e.g.
-    ``{"enable_thinking": False}``).
+    ``{"enable_thinking": False}``). ``assistant_prefix``: text put right after the assistant header
+    of every agent turn (a prefix injection guard, docs/ping.md); it is prompt, not policy (no loss,
+    no RL credit), and stays in the history. A message that records its own prefix
+    (``extra["assistant_prefix"]``, as rollouts do) keeps that one.
     """
 
     train_on: Literal["all", "last", "hint", "all_tokens"] = "hint"
@@ -99,6 +102,11 @@ class RenderConfig:
     content_format: Literal["auto", "string", "parts"] = "auto"
     arguments_format: Literal["auto", "dict", "string"] = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    assistant_prefix: str | None = None
+
+
+#: Where a rollout records the prefix it injected before an assistant turn (``Message.extra``).
+PREFIX_KEY = "assistant_prefix"
 
 
 class NonPrefixError(RenderError):
@@ -424,6 +432,10 @@ class ChatRenderer:
         dicts = [message_to_template_dict(m, id_map, self.reasoning, self.config.thought, tool_format=fmt,
                                           arguments=p.arguments, reasoning_field=self.reasoning_field)
                  for m in messages]
+        for m, d in zip(messages, dicts):
+            guard = self.turn_prefix(m)
+            if guard:  # first in the turn: after thought, inline reasoning and text tool calls are placed
+                d["content"] = guard + (d.get("content") or "")
         if p.tool_role == "user":
             dicts = [{"role": "user", "content": d["content"]} if d["role"] == "tool" else d for d in dicts]
         template_tools = tools_to_template(tools or [])
@@ -443,6 +455,28 @@ class ChatRenderer:
             dicts = [{**d, "content": [{"type": "text", "text": d["content"]}]} if isinstance(d.get("content"), str)
                      else d for d in dicts]
         return dicts, template_tools
+
+    def turn_prefix(self, m: Message) -> str:
+        """The text injected right after the assistant header of ``m`` ("" for none): the prefix the
+        message records (what the model really saw), else ``assistant_prefix`` of the config."""
+        if m.role != "assistant":
+            return ""
+        recorded = m.extra.get(PREFIX_KEY)
+        if isinstance(recorded, str):
+            return recorded
+        return self.config.assistant_prefix or ""
+
+    def _split_prefix(self, m: Message, i: int, policy: str) -> tuple[str, str]:
+        """(the injected prefix, the policy's own text) of a rendered assistant turn."""
+        guard = self.turn_prefix(m)
+        if not guard:
+            return "", policy
+        if not policy.startswith(guard):
+            raise RenderError(
+                f"message {i}: the template does not render the assistant prefix first in the turn "
+                f"({policy[:60]!r}); it puts something before the content (e.g. a reasoning field): set "
+                "render.reasoning: inline or drop, or remove render.assistant_prefix")
+        return guard, policy[len(guard):]
 
     def template_messages(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> list[dict[str, Any]]:
         """IR messages as template dicts (see ``template_inputs``)."""
@@ -566,7 +600,10 @@ class ChatRenderer:
             self._prefix_check(committed, prompt, f"message {i} (generation prompt)")
             if len(prompt) > len(committed):
                 segments.append((pending_source, prompt[len(committed):], i))
-            segments.append((SOURCE_POLICY, policy, i))
+            guard, own = self._split_prefix(m, i, policy)
+            if guard:  # its own segment, tokenized apart as the rollout appends it: no boundary drift
+                segments.append((SOURCE_PROMPT, guard, i))
+            segments.append((SOURCE_POLICY, own, i))
             committed = prompt + policy
             pending_source = SOURCE_PROMPT
         if traj.messages and traj.messages[-1].role != "assistant":
@@ -723,12 +760,13 @@ class ChatRenderer:
         seen_text = ""
         for k, i in enumerate(assistant_idx):
             prompt, policy = self._turn(traj, i, reanchor=True)
-            policies[i] = policy
+            guard, own = self._split_prefix(traj.messages[i], i, policy)
+            policies[i] = own
             seen_text += prompt + policy
             w = self._turn_weight(traj, i, last_assistant)
             if w == 0.0 and not include_untrained:
                 continue
-            p_ids, a_ids = self.encode(prompt), self.encode(policy)
+            p_ids, a_ids = self.encode(prompt) + self.encode(guard), self.encode(own)
             samples.append(self._token_trajectory(
                 traj, p_ids + a_ids, [SOURCE_PROMPT] * len(p_ids) + [SOURCE_POLICY] * len(a_ids),
                 [k] * (len(p_ids) + len(a_ids)), [0.0] * len(p_ids) + [w] * len(a_ids),
