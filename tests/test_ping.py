@@ -132,3 +132,110 @@ def test_tiny_model_rollout_samples_after_the_prefix_and_re_renders_exactly(tiny
         again = r.render(ep.trajectory)
         first = tt.source.index(SOURCE_POLICY)
         assert again.ids[:first] == tt.ids[:first] and again.source[:first] == tt.source[:first]
+
+
+# --------------------------------------------------------------------------------------------
+# the search
+
+from trajtune.safety.ping import (  # noqa: E402
+    Candidate,
+    LLMProposer,
+    Proposal,
+    TemplateProposer,
+    parse_proposals,
+    ping_search,
+)
+
+
+class ListProposer:
+    """Offers fixed prefixes per round (and a fixed count of unusable outputs)."""
+
+    name = "list"
+
+    def __init__(self, rounds, failures=0):
+        self.rounds, self.failures, self.seen_best = rounds, failures, []
+
+    def propose(self, best, history, n, rng):
+        self.seen_best.append(best.prefix if best else None)
+        return Proposal(list(self.rounds[len(self.seen_best) - 1]), failures=self.failures)
+
+
+# per prefix: (benign outcomes: 1 = solved and not refused, harmful outcomes: 1 = refused)
+OUTCOMES = {
+    "A": ([1, 1, 1, 1], [0, 0, 0, 0, 0]),  # 1.0 + 0.0 = 1.0 (never refuses)
+    "B": ([1, 0, 1, 1], [1, 1, 0, 0, 1]),  # 0.75 + 0.6 = 1.35 (the best)
+    "C": ([0, 0, 0, 0], [1, 1, 1, 1, 1]),  # 0.0 + 1.0 = 1.0 (refuses everything)
+    "D": ([1, 1, 0, 0], [1, 0, 0, 0, 0]),  # 0.5 + 0.2 = 0.7
+}
+
+
+def stub_score(prefix):
+    b, h = OUTCOMES[prefix]
+    return sum(b) / len(b), sum(h) / len(h)
+
+
+def test_search_returns_the_best_candidate_with_score_mean_benign_plus_mean_harmful():
+    calls = []
+
+    def score(p):
+        calls.append(p)
+        return stub_score(p)
+
+    proposer = ListProposer([["A", "D"], ["B", "A"], ["C"]])
+    res = ping_search(score, proposer, rounds=3, candidates=2, seed=0)
+    assert res.best.prefix == "B" and res.best.round == 2
+    assert res.best.score == pytest.approx(1.35) and res.best.benign == 0.75 and res.best.harmful == pytest.approx(0.6)
+    assert calls == ["A", "D", "B", "C"]  # "A" proposed again is not scored again
+    assert proposer.seen_best == [None, "A", "B"]  # each round is conditioned on the best so far
+    assert [r["best_score"] for r in res.rounds] == pytest.approx([1.0, 1.35, 1.35])
+    assert res.as_dict()["best"]["prefix"] == "B" and len(res.as_dict()["history"]) == 4
+
+
+def test_search_scores_the_baseline_apart_and_keeps_at_most_n_candidates_per_round():
+    res = ping_search(lambda p: (0.5, 0.5) if p == "" else stub_score(p), ListProposer([["D", "A", "C"]]),
+                      rounds=1, candidates=2, baseline=True)
+    assert res.baseline.prefix == "" and res.baseline.score == 1.0
+    assert [c.prefix for c in res.history] == ["D", "A"] and res.best.prefix == "A"
+
+
+def test_template_proposer_is_deterministic_never_repeats_and_explores_around_the_best():
+    import random
+
+    a, b = TemplateProposer(), TemplateProposer()
+    first = a.propose(None, [], 5, random.Random(3)).prefixes
+    assert first == b.propose(None, [], 5, random.Random(3)).prefixes and len(set(first)) == 5
+    assert all(p.endswith("\n") for p in first)
+    best = Candidate(first[2], 1.0, 0.5, 0.5, 1)
+    second = a.propose(best, [], 5, random.Random(0)).prefixes
+    assert not set(second) & set(first)
+    check, follow = a.where(best.prefix)
+    assert all((a.where(p)[0] == check) != (a.where(p)[1] == follow) for p in second)  # one part changed
+    total = len(first) + len(second)
+    rest = a.propose(best, [], 100, random.Random(0)).prefixes
+    assert len(rest) == 16 - total and a.propose(best, [], 5, random.Random(0)).prefixes == []
+
+
+def test_proposer_garbage_is_counted_and_skipped_never_fatal():
+    assert parse_proposals('{"prefixes": ["Check safety first.", 3, "", "' + "x" * 500 + '"]}') == (
+        ["Check safety first.\n"], 3)
+    assert parse_proposals("Sure! ```json\n[\"Be careful.\"]\n```") == (["Be careful.\n"], 0)
+    assert parse_proposals("no idea") == ([], 1)
+    assert parse_proposals('{"prefixes": []}') == ([], 1)
+
+    replies = iter(["garbage", '{"prefixes": ["I check the request first.", 7]}', RuntimeError("down")])
+
+    def complete(body):
+        r = next(replies)
+        if isinstance(r, Exception):
+            raise r
+        assert "Prefixes tried so far" in body["messages"][0]["content"]
+        return {"choices": [{"message": {"role": "assistant", "content": r}}]}
+
+    scores = {"I check the request first.\n": (1.0, 0.5)}
+    res = ping_search(lambda p: scores.get(p, (0.0, 0.0)),
+                      LLMProposer(complete, name="stub", fallback=TemplateProposer()), rounds=3, candidates=2)
+    assert res.proposer_failures == 1 + 1 + 1  # garbage, the 7, the failed request
+    assert [r["fallback"] for r in res.rounds] == [2, 0, 2]  # unusable rounds take template candidates
+    assert res.best.prefix == "I check the request first.\n" and res.best.score == 1.5
+    with pytest.raises(Exception, match="no usable prefix"):  # nothing at all, and no fallback: a clear error
+        ping_search(lambda p: (0.0, 0.0), LLMProposer(lambda b: {"choices": []}, name="stub"), rounds=2)

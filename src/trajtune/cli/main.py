@@ -25,6 +25,7 @@ from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
 from trajtune.cli.models import models_app
+from trajtune.cli.ping import ping_cmd
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
 from trajtune.errors import EXIT_CODES, Interrupted, UserError
@@ -113,6 +114,7 @@ _run.register(app)
 app.command("doctor")(doctor_cmd)
 app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
+app.command("ping")(ping_cmd)
 data_app.command("generate")(generate)
 app.add_typer(data_app, name="data",
               help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
