@@ -317,8 +317,9 @@ def split_tasks(env: Any, benign_n: int, harmful_n: int, seed: int = 0, split: s
             return out
         if len(pool) < size:  # the environment has no more tasks
             break
-    raise EnvError(f"environment {env.name!r} has {len(out.benign)} benign and {len(out.harmful)} harmful "
-                   f"{split} tasks in the first {len(pool)}; lower --benign-n / --harmful-n")
+    n_harmful = sum(bool(t.data["harmful"]) for t in pool)
+    raise EnvError(f"environment {env.name!r} has {len(pool) - n_harmful} benign and {n_harmful} harmful {split} "
+                   f"tasks in the first {len(pool)}; lower --benign-n / --harmful-n")
 
 
 def _refused(info: dict[str, Any], final: str | None) -> bool:
