@@ -372,3 +372,17 @@ def test_cli_ping_writes_ping_json_and_eval_injects_the_prefix(tiny_dir, tmp_pat
     both = _cli("eval", "--model", tiny_dir, "--env", "ping_fake", "--assistant-prefix", "x",
                 "--assistant-prefix-file", out / "ping.json")
     assert both.exit_code != 0 and "give one" in both.output
+
+
+def test_serve_continues_from_the_prefix_and_answers_with_the_models_own_text(tiny_model, tiny_tok):
+    from trajtune.serve import ChatService
+
+    service = ChatService(tiny_model, tiny_tok, ChatRenderer(tiny_tok, RenderConfig(assistant_prefix=GUARD)), name="t",
+                          max_tokens=4)
+    resp = service.complete({"messages": [{"role": "user", "content": "Send my mum a birthday greeting."}],
+                             "temperature": 0})
+    prompt = resp["prompt_token_ids"]
+    assert prompt[-len(_prefix_ids(tiny_tok)):] == _prefix_ids(tiny_tok)
+    assert prompt[-len(_prefix_ids(tiny_tok)) - len(_header_ids(tiny_tok)):-len(_prefix_ids(tiny_tok))] == \
+        _header_ids(tiny_tok)
+    assert GUARD.strip() not in (resp["choices"][0]["message"].get("content") or "")
