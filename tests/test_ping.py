@@ -386,3 +386,15 @@ def test_serve_continues_from_the_prefix_and_answers_with_the_models_own_text(ti
     assert prompt[-len(_prefix_ids(tiny_tok)) - len(_header_ids(tiny_tok)):-len(_prefix_ids(tiny_tok))] == \
         _header_ids(tiny_tok)
     assert GUARD.strip() not in (resp["choices"][0]["message"].get("content") or "")
+
+
+def test_single_turn_completions_continue_from_the_prefix(tiny_tok):
+    from trajtune.eval.backends import HFBackend
+    from trajtune.schema import Message
+
+    r = ChatRenderer(tiny_tok, RenderConfig(assistant_prefix=GUARD))
+    msgs = [Message(role="user", content="Send my mum a birthday greeting.")]
+    context = r.encode(r.prompt_text(msgs, [])) + _prefix_ids(tiny_tok)
+    answer = tiny_tok("Happy birthday!<|im_end|>", add_special_tokens=False)["input_ids"]
+    backend = HFBackend(ScriptedModel(tiny_tok, {tuple(context): answer}), tiny_tok, renderer=r)
+    assert backend.complete([(msgs, [])], seed=0) == ["Happy birthday!"]  # only a context with the prefix is known
