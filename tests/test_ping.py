@@ -40,13 +40,11 @@ def test_prefix_follows_every_assistant_header_as_prompt_tokens_with_zero_weight
         assert set(tt.source[k:k + len(guard)]) == {SOURCE_PROMPT}
         assert set(tt.weight[k:k + len(guard)]) == {0.0}
         assert tt.source[k + len(guard)] == SOURCE_POLICY
-    # the policy's own text (and so the loss) is the turn without the prefix; the template may add its
-    # separator between content (now the prefix) and a tool call
-    for k in range(n_turns):
-        def turn_text(t):
-            return tiny_tok.decode([i for i, s, u in zip(t.ids, t.source, t.turn) if s == SOURCE_POLICY and u == k])
-        assert turn_text(tt).lstrip("\n") == turn_text(plain)
-        assert GUARD.strip() not in turn_text(tt)
+    # the policy's own tokens (and so the loss) are exactly those without the prefix: the template never sees it
+    assert [i for i, s in zip(tt.ids, tt.source) if s == SOURCE_POLICY] == \
+        [i for i, s in zip(plain.ids, plain.source) if s == SOURCE_POLICY]
+    assert len(tt.ids) == len(plain.ids) + n_turns * len(guard)
+    assert sum(w > 0 for w in tt.weight) == sum(w > 0 for w in plain.weight)
 
 
 def test_a_recorded_prefix_is_masked_without_the_render_option(tiny_tok, home_experts):
@@ -398,3 +396,37 @@ def test_single_turn_completions_continue_from_the_prefix(tiny_tok):
     answer = tiny_tok("Happy birthday!<|im_end|>", add_special_tokens=False)["input_ids"]
     backend = HFBackend(ScriptedModel(tiny_tok, {tuple(context): answer}), tiny_tok, renderer=r)
     assert backend.complete([(msgs, [])], seed=0) == ["Happy birthday!"]  # only a context with the prefix is known
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3", "mistral", "gpt_oss", "deepseek", "command_r7b"])
+def test_any_template_keeps_its_own_turn_rendering_with_the_prefix_before_it(family):
+    """The template never sees the prefix (reasoning blocks, call markup stay as the template writes
+    them); the prefix is prompt right before every policy turn, earlier ones too where the template
+    keeps history."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from chat_fixtures import conversation, tokenizer_for
+
+    tok = tokenizer_for(family)
+    plain = ChatRenderer(tok, RenderConfig(non_prefix="split")).render_samples(conversation())
+    guarded_r = ChatRenderer(tok, RenderConfig(non_prefix="split", assistant_prefix=GUARD))
+    guarded = guarded_r.render_samples(conversation())
+    g = guarded_r.encode(GUARD)
+    assert len(plain) == len(guarded)
+    for p, s in zip(plain, guarded):
+        assert [i for i, x in zip(s.ids, s.source) if x == SOURCE_POLICY] == \
+            [i for i, x in zip(p.ids, p.source) if x == SOURCE_POLICY]
+        starts = [k for k in range(len(s.ids)) if s.source[k] == SOURCE_POLICY and (k == 0 or s.source[k - 1] != SOURCE_POLICY)]
+        assert starts and all(s.ids[k - len(g):k] == g and set(s.source[k - len(g):k]) == {SOURCE_PROMPT} for k in starts)
+        assert len(s.ids) - len(p.ids) == len(g) * len(starts)
+
+
+def test_prompt_ids_hold_the_history_with_its_prefixes_as_a_rollout_does(tiny_tok, home_experts):
+    traj = next(t for t in home_experts if sum(m.role == "assistant" for m in t.messages) >= 2)
+    r = ChatRenderer(tiny_tok, RenderConfig(assistant_prefix=GUARD))
+    tt = r.render(traj)
+    for k, i in enumerate(j for j, m in enumerate(traj.messages) if m.role == "assistant"):
+        first = next(p for p, (s, t) in enumerate(zip(tt.source, tt.turn)) if s == SOURCE_POLICY and t == k)
+        assert r.prompt_ids(traj.messages[:i], traj.tools) == tt.ids[:first]  # the earlier prefixes included

@@ -209,8 +209,7 @@ def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task:
         res = env.reset(task)
         messages, tools = list(res.messages), list(res.tools)
     ep = _Live(env=env, task=task, messages=messages, tools=tools, index=index)
-    ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
-    _inject_prefix(renderer, ep)
+    ep.extend(renderer.prompt_ids(ep.messages, ep.tools), SOURCE_PROMPT)  # with render.assistant_prefix
     if ended:
         ep.termination = "done"
     elif len(ep.ids) >= cfg.max_length:
