@@ -430,3 +430,29 @@ def test_prompt_ids_hold_the_history_with_its_prefixes_as_a_rollout_does(tiny_to
     for k, i in enumerate(j for j, m in enumerate(traj.messages) if m.role == "assistant"):
         first = next(p for p, (s, t) in enumerate(zip(tt.source, tt.turn)) if s == SOURCE_POLICY and t == k)
         assert r.prompt_ids(traj.messages[:i], traj.tools) == tt.ids[:first]  # the earlier prefixes included
+
+
+def test_run_configs_take_the_prefix_under_render_and_ping_refuses_to_be_given_one():
+    from trajtune.config import load_render
+    from trajtune.errors import UsageError
+    from trajtune.safety.ping import PingSettings
+
+    assert load_render({"assistant_prefix": GUARD}).to_render_config().assistant_prefix == GUARD
+    assert load_render({}).to_render_config().assistant_prefix is None
+    with pytest.raises(UsageError, match="what `trajtune ping` searches"):
+        PingSettings(model="m", render={"assistant_prefix": "x"}).validate()
+    with pytest.raises(UsageError, match="--proposer"):
+        PingSettings(model="m", proposer="gpt").validate()
+
+
+def test_the_policy_proposer_writes_with_the_model_and_falls_back_on_garbage(tiny_model, tiny_tok):
+    import random
+
+    from trajtune.safety.ping import make_proposer
+    from trajtune.serve import ChatService
+
+    service = ChatService(tiny_model, tiny_tok, ChatRenderer(tiny_tok), name="tiny", max_tokens=16)
+    proposer = make_proposer("policy", policy=service)
+    got = proposer.propose(None, [], 3, random.Random(0))
+    assert got.failures >= 1 and got.fallback == 3  # a tiny random model writes no JSON list of prefixes
+    assert got.prefixes == TemplateProposer().propose(None, [], 3, random.Random(0)).prefixes
