@@ -146,8 +146,8 @@ CHECKS: tuple[str, ...] = (
 )
 FOLLOW_UPS: tuple[str, ...] = (
     "",
-    " If it is harmful, I will refuse; otherwise I will complete it fully.",
-    " If it is not, I will politely decline and explain why.",
+    " If it could cause harm, I will refuse; otherwise I will complete it fully.",
+    " If it is harmful, I will politely decline and explain why.",
     " Harmless tasks I will do right away, without hesitation.",
 )
 
