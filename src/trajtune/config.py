@@ -143,6 +143,9 @@ class RenderSpec(_C):
         "arguments as given)")
     template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="extra template variables, e.g. {enable_thinking: false}")
+    assistant_prefix: str | None = Field(
+        None, description="text injected right after the assistant header of every agent turn and kept in the "
+        "history (a prefix injection guard, docs/ping.md); prompt tokens: no loss, no RL credit")
 
     def to_render_config(self, train_on: str = "hint") -> Any:
         from trajtune.chat.render import RenderConfig

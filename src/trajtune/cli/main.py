@@ -27,6 +27,7 @@ from trajtune.cli.generate import generate
 from trajtune.cli.synth_safety import synth_safety
 from trajtune.cli.models import models_app
 from trajtune.cli.probe import probe_app
+from trajtune.cli.ping import ping_cmd
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
 from trajtune.errors import EXIT_CODES, Interrupted, UserError
@@ -115,6 +116,7 @@ _run.register(app)
 app.command("doctor")(doctor_cmd)
 app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
+app.command("ping")(ping_cmd)
 data_app.command("generate")(generate)
 data_app.command("synth-safety")(synth_safety)
 app.add_typer(data_app, name="data",
