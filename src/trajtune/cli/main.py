@@ -24,6 +24,7 @@ from trajtune.cli.data import data_app
 from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
+from trajtune.cli.merge_cmd import register as _register_merge
 from trajtune.cli.models import models_app
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
@@ -113,6 +114,7 @@ _run.register(app)
 app.command("doctor")(doctor_cmd)
 app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
+_register_merge(app)
 data_app.command("generate")(generate)
 app.add_typer(data_app, name="data",
               help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
