@@ -109,6 +109,7 @@ def test_dare_with_ties_base_trims_after_dropping():
     ({"method": "ta", "density": 0.5}, 2, "--density only applies"),
     ({"method": "ram", "drop": 0.5}, 2, "--drop only applies to --method dare"),
     ({"method": "dare", "density": 0.5}, 2, "--density only applies"),
+    ({"method": "dare", "dare_base": "ram"}, 2, "--dare-base must be ta or ties"),
 ])
 def test_bad_options_are_config_errors(kwargs, n, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -168,16 +169,16 @@ def _invoke(*args):
 
 def test_cli_merges_two_models_with_task_arithmetic_exactly(tiny_dir, agents, tmp_path):
     out = tmp_path / "ta"
-    r = _invoke("merge", "--base", tiny_dir, "--models", *agents, "--method", "ta", "--weights", "1", "0.5",
-                "--lambda", "0.8", "--out", out)
+    r = _invoke("merge", "--base", tiny_dir, "--models", *agents, "-o", out, "--method", "ta", "--weights", "1",
+                "-0.5", "--lambda", "0.8")
     assert r.exit_code == 0, r.output
     assert "merged model:" in r.output
     base, a, b, merged = _state(tiny_dir), _state(agents[0]), _state(agents[1]), _state(out)
     for k in base:
-        want = base[k] + 0.8 * ((a[k] - base[k]) + 0.5 * (b[k] - base[k]))
+        want = base[k] + 0.8 * ((a[k] - base[k]) - 0.5 * (b[k] - base[k]))
         assert torch.allclose(merged[k], want, atol=1e-6), k
     meta = json.loads((out / "merge.json").read_text())
-    assert meta["method"] == "ta" and meta["options"]["weights"] == [1.0, 0.5] and meta["options"]["lambda"] == 0.8
+    assert meta["method"] == "ta" and meta["options"]["weights"] == [1.0, -0.5] and meta["options"]["lambda"] == 0.8
     assert [i["kind"] for i in meta["inputs"]] == ["model", "model"] and len(meta["inputs"][0]["config_sha256"]) == 64
     # each agent changed ~30% of entries; their union (~51%) differs from the base after the merge
     assert meta["stats"]["inputs_changed"][0] == pytest.approx(0.3, abs=0.02)

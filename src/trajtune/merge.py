@@ -147,7 +147,7 @@ class MergeOptions(BaseModel):
     density: float | None = Field(None, description="ties (and dare with dare_base ties): fraction of each task "
                                                     f"vector's entries kept, in (0, 1] (default {DEFAULT_DENSITY})")
     drop: float | None = Field(None, description=f"dare: drop probability p in [0, 1) (default {DEFAULT_DROP})")
-    dare_base: Literal["ta", "ties"] | None = Field(None, description="dare: combine the dropped task vectors "
+    dare_base: str | None = Field(None, description="dare: combine the dropped task vectors "
                                                                       "with ta (default) or ties")
     seed: int | None = Field(None, description="dare: seed of the drop masks (default 0); the same seed gives "
                                                "the same model")
@@ -173,8 +173,11 @@ class MergeOptions(BaseModel):
             for name, value in (("--drop", self.drop), ("--dare-base", self.dare_base), ("--seed", self.seed)):
                 if value is not None:
                     raise ConfigError(f"{name} only applies to --method dare")
-        elif self.drop is not None and not 0 <= self.drop < 1:
-            raise ConfigError(f"--drop must be in [0, 1), got {self.drop}")
+        else:
+            if self.drop is not None and not 0 <= self.drop < 1:
+                raise ConfigError(f"--drop must be in [0, 1), got {self.drop}")
+            if self.dare_base not in (None, "ta", "ties"):
+                raise ConfigError(f"--dare-base must be ta or ties, got {self.dare_base!r}")
 
     def resolved(self) -> dict[str, Any]:
         """The options as used, defaults filled in (what merge.json records)."""

@@ -12,16 +12,25 @@ from typer.core import TyperCommand
 _MULTI = ("--models", "--weights")
 
 
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
 class MultiValueCommand(TyperCommand):
     """Lets ``--models A B C`` and ``--weights 1 0.5 2`` take several values, as the README writes
     them: click options take one value each, so ``--models A B`` is rewritten to ``--models A
-    --models B`` before parsing (a value list ends at the next ``--option``)."""
+    --models B`` before parsing (a value list ends at the next option; a negative number such as
+    ``--weights 1 -1`` is a value)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         out: list[str] = []
         current: str | None = None
         for a in args:
-            if a.startswith("--") or a == "-h":
+            if a.startswith("-") and not _is_number(a):
                 current = a if a in _MULTI else None
                 if current is None:
                     out.append(a)
@@ -66,14 +75,11 @@ def merge_cmd(
 
     Example: trajtune merge --base smollm2-135m --models runs/a/final runs/b/final --method ties --density 0.3 --weights 1 0.5 --out runs/ties
     """
-    from trajtune.errors import ConfigError
     from trajtune.merge import MergeOptions, iter_summary_lines, merge_models
     from trajtune.progress import console
 
-    if dare_base is not None and dare_base not in ("ta", "ties"):
-        raise ConfigError(f"--dare-base must be ta or ties, got {dare_base!r}")
     opts = MergeOptions(method=method, weights=weights, lam=lam, density=density, drop=drop,
-                        dare_base=dare_base, seed=seed)  # type: ignore[arg-type]
+                        dare_base=dare_base, seed=seed)
 
     def notify(message: str) -> None:
         console.print(message, soft_wrap=True)
