@@ -147,8 +147,8 @@ class MergeOptions(BaseModel):
     density: float | None = Field(None, description="ties (and dare with dare_base ties): fraction of each task "
                                                     f"vector's entries kept, in (0, 1] (default {DEFAULT_DENSITY})")
     drop: float | None = Field(None, description=f"dare: drop probability p in [0, 1) (default {DEFAULT_DROP})")
-    dare_base: str | None = Field(None, description="dare: combine the dropped task vectors "
-                                                                      "with ta (default) or ties")
+    dare_base: str | None = Field(None, description="dare: combine the dropped task vectors with ta (default) "
+                                                    "or ties")
     seed: int | None = Field(None, description="dare: seed of the drop masks (default 0); the same seed gives "
                                                "the same model")
 
@@ -161,6 +161,8 @@ class MergeOptions(BaseModel):
         if self.weights is not None and len(self.weights) != n_models:
             raise ConfigError(f"--weights has {len(self.weights)} value(s) but --models has {n_models}; "
                               "give one weight per model")
+        if not all(math.isfinite(w) for w in self.weights or []):
+            raise ConfigError(f"--weights must be finite numbers, got {self.weights}")
         if not math.isfinite(self.lam):
             raise ConfigError(f"--lambda must be a finite number, got {self.lam}")
         uses_density = self.method == "ties" or (self.method == "dare" and self.dare_base == "ties")
