@@ -25,6 +25,7 @@ from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
 from trajtune.cli.synth_safety import synth_safety
+from trajtune.cli.merge_cmd import register as _register_merge
 from trajtune.cli.models import models_app
 from trajtune.cli.probe import probe_app
 from trajtune.cli.ping import ping_cmd
@@ -117,6 +118,7 @@ app.command("doctor")(doctor_cmd)
 app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
 app.command("ping")(ping_cmd)
+_register_merge(app)
 data_app.command("generate")(generate)
 data_app.command("synth-safety")(synth_safety)
 app.add_typer(data_app, name="data",
