@@ -310,7 +310,9 @@ class Learner:
         if is_peft(model):
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
+            for name in model.peft_config:  # peft's layout: the default adapter on top, others in sub-directories
+                sub = ckpt if name == "default" else ckpt / name
+                set_peft_model_state_dict(model, load_file(sub / "adapter_model.safetensors"), adapter_name=name)
         else:
             state = load_file(ckpt / "model.safetensors")
             missing, unexpected = model.load_state_dict(state, strict=False)

@@ -24,6 +24,8 @@ class Batch:
     advantages: torch.Tensor  # [B, T] float (0 where unset)
     rewards: torch.Tensor  # [B] float
     size: int
+    #: per row, the LoRA adapter its loss trains (``meta["adapter"]``; DualTune), None when no row names one
+    adapters: list[str] | None = None
 
     def loss_mask(self) -> torch.Tensor:
         """1.0 on trained policy tokens (source policy and weight > 0), shifted to target positions."""
@@ -61,7 +63,8 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
         if ref is not None:
             ref[r, :n] = torch.tensor(t.meta["ref_logprobs"], dtype=torch.float)
         rewards[r] = float(t.reward or 0.0)
-    return Batch(ids, attn, src, w, old, ref, adv, rewards, b)
+    adapters = [t.meta.get("adapter", "default") for t in tts] if any("adapter" in t.meta for t in tts) else None
+    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, adapters)
 
 
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
