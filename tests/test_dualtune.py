@@ -248,3 +248,48 @@ def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_
             logits = model(input_ids=torch.tensor([prompt + ids[:k]])).logits[0, -1].float()
             assert abs(float(torch.log_softmax(logits, -1)[t]) - lp) < 1e-4
     activate(model, SELECTOR)
+
+    # trajtune eval --model RUN: the run directory stands for its final model, decoded in two stages
+    from typer.testing import CliRunner
+
+    from trajtune.cli.main import app
+
+    calls = []
+    real_turn = DualTuneSampler.turn
+
+    def counting_turn(self, rows, max_new, seed):
+        calls.append(len(rows))
+        return real_turn(self, rows, max_new, seed)
+
+    DualTuneSampler.turn = counting_turn
+    try:
+        r = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run"), "--env", "home", "--tasks", "2",
+                                     "--max-new-tokens", "8", "--max-turns", "1", "--quiet", "--device", "cpu"],
+                               catch_exceptions=False)
+    finally:
+        DualTuneSampler.turn = real_turn
+    assert r.exit_code == 0, r.output
+    assert sum(calls) == 2  # both episodes' turns went through the two-stage sampler
+
+
+def test_dualtune_run_resumes_every_adapter_from_its_checkpoint(tmp_path, tiny_dir, home_experts):
+    from safetensors.torch import load_file
+
+    from trajtune.config import load_run_config
+    from trajtune.train import run
+
+    write_trajectories = __import__("trajtune.schema", fromlist=["x"]).write_trajectories
+    write_trajectories(tmp_path / "train.jsonl", home_experts[:8])
+    text = (f"algorithm: dualtune\nmodel: {{name_or_path: {tiny_dir}, lora: {{r: 4, alpha: 8}}}}\n"
+            f"output_dir: {tmp_path / 'run'}\ndata: {{path: {tmp_path / 'train.jsonl'}, max_length: 512}}\n"
+            "dualtune: {arguments: shared}\ntrain: {steps: 2, lr: 1.0e-2, batch_size: 4, micro_batch_size: 4, "
+            "save_every: 1}\nreport: false\n")
+    (tmp_path / "dt.yaml").write_text(text)
+    assert run(load_run_config(tmp_path / "dt.yaml"), quiet=True, stop_after=1)["stopped"]
+    run(load_run_config(tmp_path / "dt.yaml"), quiet=True, resume=True)
+    (tmp_path / "dt.yaml").write_text(text.replace("/run", "/straight"))
+    run(load_run_config(tmp_path / "dt.yaml"), quiet=True)
+    for sub in ("", "arguments/"):  # resumed == trained straight through, for both adapters
+        a = load_file(tmp_path / "run" / "final" / sub / "adapter_model.safetensors")
+        b = load_file(tmp_path / "straight" / "final" / sub / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

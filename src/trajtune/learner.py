@@ -254,7 +254,7 @@ class Learner:
             torch.save(source_state, tmp / "source_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
         normal_permissions(tmp)
-        for f in tmp.iterdir():
+        for f in (f for f in tmp.rglob("*") if f.is_file()):  # peft puts extra adapters in sub-directories
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         if final.exists():
