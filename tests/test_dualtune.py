@@ -293,3 +293,19 @@ def test_dualtune_run_resumes_every_adapter_from_its_checkpoint(tmp_path, tiny_d
         a = load_file(tmp_path / "run" / "final" / sub / "adapter_model.safetensors")
         b = load_file(tmp_path / "straight" / "final" / sub / "adapter_model.safetensors")
         assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_dualtune_config_refuses_settings_that_would_do_nothing(tmp_path):
+    from trajtune.config import load_run_config
+    from trajtune.errors import ConfigError
+
+    base = "algorithm: dualtune\noutput_dir: runs/x\ndata: {path: d.jsonl}\n"
+    cases = {"model: m\n": "set model.lora",
+             "model: {name_or_path: m, lora: {r: 4}}\ndualtune: {adapters: arguments, selector_learns: names}\n":
+                 "selector_learns does nothing",
+             "model: {name_or_path: m, lora: {r: 4}}\ndualtune: {adapters: selector, arguments: shared}\n":
+                 "arguments does nothing"}
+    for extra, msg in cases.items():
+        (tmp_path / "c.yaml").write_text(base + extra)
+        with pytest.raises(ConfigError, match=msg):
+            load_run_config(tmp_path / "c.yaml")

@@ -287,12 +287,24 @@ class DualTuneRunConfig(RunBase):
         if self.data.train_on == "all_tokens":
             raise ValueError("algorithm: dualtune trains policy tokens only; data.train_on: all_tokens is not "
                              "supported")
+        d = self.dualtune
+        if d.adapters == "arguments" and d.selector_learns != "all":
+            raise ValueError("dualtune.selector_learns does nothing with dualtune.adapters: arguments (the selector "
+                             "does not train); remove one")
+        if d.adapters == "selector" and d.arguments != "per_tool":
+            raise ValueError("dualtune.arguments does nothing with dualtune.adapters: selector (no argument adapter "
+                             "trains); remove one")
         return self
 
 
 def _prepare(cfg: DualTuneRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory], dict[str, str], dict[str, Any]]:
     require_input(cfg.data.path, "data.path")
     trajs, load = load_records(cfg.data)
+    faft: dict[str, Any] = {}
+    if cfg.data.faft:
+        from trajtune.algorithms.faft import faft_records
+
+        trajs, faft = faft_records(trajs)
     trajs, masked = mask_errors(trajs, cfg.data)
     trajs, critical = critical_steps(trajs, cfg.data)
     tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length,
@@ -311,7 +323,8 @@ def _prepare(cfg: DualTuneRunConfig, ctx: RunContext) -> tuple[list[TokenTraject
         "invalid_skipped": load.skipped, "dropped_records": counts["dropped_records"],
         "dualtune": {"tools": tool_adapters, "trained_tokens": dict(sorted(per_adapter.items()))},
         **({"error_turns_masked": masked} if cfg.data.mask_errors else {}),
-        **({"critical_steps": critical} if critical else {})}
+        **({"critical_steps": critical} if critical else {}),
+        **({"faft": faft} if faft else {})}
 
 
 def _build(cfg: DualTuneRunConfig, ctx: RunContext,
