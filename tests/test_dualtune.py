@@ -188,6 +188,11 @@ def test_two_stage_decoding_selector_writes_the_name_and_the_named_adapter_the_a
     by = {a: tiny_tok.decode([t for t, u in zip(ids, used) if u == a]) for a in set(used)}
     assert by["args_get_room"] == ' "arguments": {"room": "ARG"}}'
     assert by[SELECTOR] == '<tool_call>{"name": "get_room",</tool_call><|im_end|>'
+    # decoding switched exactly where training cuts the same turn into selector and argument tokens
+    from trajtune.algorithms.dualtune import turn_labels
+
+    lab, _ = turn_labels(tiny_tok, ids)
+    assert used == [SELECTOR if x is None else "args_" + x for x in lab]
     assert len(lps) == len(ids) and all(lp <= 0 for lp in lps)
 
 
@@ -201,7 +206,7 @@ def test_two_stage_decoding_falls_back_to_the_selector_for_a_tool_without_an_ada
 # -- training end to end: saving, loading, decoding with the saved adapters ---------------------------
 
 def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_two_stages(tmp_path, tiny_dir,
-                                                                                            home_experts):
+                                                                                            home_experts, monkeypatch):
     from trajtune.config import load_run_config
     from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
     from trajtune.models.loading import load_model
@@ -261,15 +266,17 @@ def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_
         calls.append(len(rows))
         return real_turn(self, rows, max_new, seed)
 
-    DualTuneSampler.turn = counting_turn
-    try:
-        r = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run"), "--env", "home", "--tasks", "2",
-                                     "--max-new-tokens", "8", "--max-turns", "1", "--quiet", "--device", "cpu"],
-                               catch_exceptions=False)
-    finally:
-        DualTuneSampler.turn = real_turn
+    monkeypatch.setattr(DualTuneSampler, "turn", counting_turn)
+    r = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run"), "--env", "home", "--tasks", "2",
+                                 "--max-new-tokens", "8", "--max-turns", "1", "--quiet", "--device", "cpu"],
+                           catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert sum(calls) == 2  # both episodes' turns went through the two-stage sampler
+    from trajtune.eval.backends import HFBackend  # single-turn benchmarks (BFCL) too
+
+    out = HFBackend(model, tok_prompt.tok, max_new_tokens=4, renderer=tok_prompt).complete(
+        [(home_experts[0].messages[:2], home_experts[0].tools)], seed=0)
+    assert sum(calls) == 3 and isinstance(out[0], str)
 
 
 def test_dualtune_run_resumes_every_adapter_from_its_checkpoint(tmp_path, tiny_dir, home_experts):

@@ -34,12 +34,10 @@ from trajtune.chat.call_spans import call_splits
 
 def dualtune_spec(model: Any) -> dict[str, Any] | None:
     """The DualTune spec a model carries (tool → adapter), or None for an ordinary model."""
-    if not hasattr(model, "peft_config"):
+    pm = peft_model(model)
+    if not hasattr(pm, "peft_config"):
         return None
-    try:
-        spec = peft_model(model).__dict__.get("trajtune_dualtune")
-    except AttributeError:
-        return None
+    spec = pm.__dict__.get("trajtune_dualtune")
     return spec if isinstance(spec, dict) else None
 
 
