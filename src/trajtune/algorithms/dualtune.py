@@ -62,13 +62,14 @@ def token_ends(tok: Any, ids: list[int]) -> list[int]:
 def turn_labels(tok: Any, ids: list[int]) -> tuple[list[str | None], list[bool]]:
     """For the tokens of one assistant turn: the tool whose *arguments* each token belongs to (None:
     a selector token), and whether it holds part of a tool name. See the module docstring."""
-    ends = token_ends(tok, ids)
     text = tok.decode(ids, skip_special_tokens=False)
     labels: list[str | None] = [None] * len(ids)
     is_name = [False] * len(ids)
     n = len(ids)
-    for s in call_splits(text):
-        starts = [0] + ends[:-1]
+    splits = call_splits(text)
+    ends = token_ends(tok, ids) if splits else []  # (quadratic in the turn's length: only for turns with calls)
+    starts = [0] + ends[:-1]
+    for s in splits:
         for i in range(n):
             if starts[i] <= s.name_end and ends[i] > s.name_start:
                 is_name[i] = True
