@@ -217,8 +217,18 @@ def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_
     cfg_path = tmp_path / "dt.yaml"
     cfg_path.write_text(f"algorithm: dualtune\nmodel: {{name_or_path: {tiny_dir}, lora: {{r: 4, alpha: 8}}}}\n"
                         f"output_dir: {tmp_path / 'run'}\ndata: {{path: {tmp_path / 'train.jsonl'}, max_length: 512}}\n"
-                        "train: {steps: 2, lr: 1.0e-2, batch_size: 8, micro_batch_size: 8}\nreport: false\n")
+                        "train: {steps: 2, lr: 1.0e-2, batch_size: 8, micro_batch_size: 8}\nreport: false\n"
+                        "eval: {env: home, n_tasks: 1}\n")
+    calls = []
+    real_turn = DualTuneSampler.turn
+
+    def counting_turn(self, rows, max_new, seed):
+        calls.append(len(rows))
+        return real_turn(self, rows, max_new, seed)
+
+    monkeypatch.setattr(DualTuneSampler, "turn", counting_turn)
     result = run(load_run_config(cfg_path), quiet=True)
+    assert calls and "success" in str(result["eval"])  # the run's own evaluation decoded in two stages
     final = tmp_path / "run" / "final"
     spec = json.loads((final / "dualtune.json").read_text())
     tools = result["dualtune"]["tools"]
@@ -259,14 +269,7 @@ def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_
 
     from trajtune.cli.main import app
 
-    calls = []
-    real_turn = DualTuneSampler.turn
-
-    def counting_turn(self, rows, max_new, seed):
-        calls.append(len(rows))
-        return real_turn(self, rows, max_new, seed)
-
-    monkeypatch.setattr(DualTuneSampler, "turn", counting_turn)
+    calls.clear()
     r = CliRunner().invoke(app, ["eval", "--model", str(tmp_path / "run"), "--env", "home", "--tasks", "2",
                                  "--max-new-tokens", "8", "--max-turns", "1", "--quiet", "--device", "cpu"],
                            catch_exceptions=False)
