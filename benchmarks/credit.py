@@ -8,13 +8,15 @@ selected there (5e-5), for the same number of policy updates. Arms:
 - episode:   `rl.credit: episode` (GRPO: the episode's group-normalised reward on every token)
 - turn:      `rl.credit: turn`, γ = 1 (each turn's return, normalised across the group at its depth)
 - mc_critic: `rl.credit: mc_critic`, M = 2 rollouts per state, λ = 1 (A_k = G_k − V(s_k))
+- gae:       `rl.credit: gae`, PPO with a learned value head, token-level GAE λ = 0.95, γ = 1
+- mc_blend:  `rl.credit: mc_critic` as above with the learned value blended in (w = 0.5)
 
 MC-Critic spends M extra rollouts per turn of every episode; the table reports the rollouts each
 arm used. `home` rewards only the outcome (1 when the task is done), so turn-level credit differs
 from episode-level only in grouping by depth, and MC-Critic only in its per-state baseline.
 Greedy evaluation on the demo's 100 held-out test tasks. A benchmark, not a test.
 
-    python benchmarks/credit.py --demo runs/demo --seeds 0 1 --steps 16
+    python benchmarks/credit.py --demo runs/demo --seeds 0 1 --steps 16 [--arms episode gae]
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ ARMS: dict[str, dict[str, Any]] = {
     "episode": {},
     "turn": {"credit": "turn"},
     "mc_critic": {"credit": "mc_critic", "mc_critic": {"samples": 2, "lam": 1.0}},
+    "gae": {"credit": "gae", "value": {"vf_coef": 0.1, "clip": 0.2, "lam": 0.95}},
+    "mc_blend": {"credit": "mc_critic", "mc_critic": {"samples": 2, "lam": 1.0, "value_weight": 0.5}},
 }
+#: arms that compute their own advantages (no group estimator)
+OWN_ADVANTAGES = ("mc_critic", "gae", "mc_blend")
 
 
 def main() -> None:
@@ -49,6 +55,7 @@ def main() -> None:
     ap.add_argument("--n-test", type=int, default=100)
     ap.add_argument("--work", default="runs/bench-credit")
     ap.add_argument("--out", default="benchmarks/results/credit.json")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="the arms to run")
     a = ap.parse_args()
 
     from trajtune.algorithms.registry import get_algorithm
@@ -63,7 +70,7 @@ def main() -> None:
     print(f"start: {start} (held-out success {before:.1%})", flush=True)
     rows = []
     for seed in a.seeds:
-        for arm, rl in ARMS.items():
+        for arm, rl in ((k, ARMS[k]) for k in a.arms):
             out = Path(a.work) / f"{arm}-seed{seed}"
             if out.exists():
                 shutil.rmtree(out)
@@ -76,7 +83,7 @@ def main() -> None:
                               "micro_batch_size": 32},
                     "rl": {"estimator": "grpo", "tasks_per_step": lfa.TASKS_PER_STEP, "group_size": lfa.GROUP,
                            "drop_equal_groups": True, "n_train_tasks": a.steps * lfa.TASKS_PER_STEP, **rl}}
-            if arm == "mc_critic":
+            if arm in OWN_ADVANTAGES:
                 data["rl"].pop("estimator")
             t = time.time()
             run(validate_config(data, get_algorithm("rl").config, f"<{arm}>"), quiet=True)
@@ -90,7 +97,7 @@ def main() -> None:
     print(f"\nheld-out success on {a.n_test} test tasks from {start.name} ({before:.1%}), {a.steps} GRPO steps, "
           f"lr {a.lr:g}")
     print(f"{'arm':10s} {'after per seed':>18s} {'mean Δ':>8s} {'rollouts':>9s} {'s/run':>7s}")
-    for arm in ARMS:
+    for arm in a.arms:
         rs = [r for r in rows if r["arm"] == arm]
         print(f"{arm:10s} {' / '.join(format(r['after'], '.0%') for r in rs):>18s} "
               f"{statistics.mean(r['delta'] for r in rs):+8.1%} {rs[0]['rollouts']:9d} "

@@ -143,6 +143,9 @@ class RenderSpec(_C):
         "arguments as given)")
     template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="extra template variables, e.g. {enable_thinking: false}")
+    assistant_prefix: str | None = Field(
+        None, description="text injected right after the assistant header of every agent turn and kept in the "
+        "history (a prefix injection guard, docs/ping.md); prompt tokens: no loss, no RL credit")
 
     def to_render_config(self, train_on: str = "hint") -> Any:
         from trajtune.chat.render import RenderConfig
@@ -353,7 +356,7 @@ class RunBase(_C):
     """What every training run has. An algorithm's config subclasses it and adds
     ``algorithm: Literal["<name>"] = "<name>"`` (the tag of the run-config union) and its sections."""
 
-    algorithm: str = Field(description="what to train: sft, rl, rft, dpo, dualtune (trajtune config show "
+    algorithm: str = Field(description="what to train: sft, rl, rft, dpo, tfgrpo, dualtune (trajtune config show "
                                                 "ALGORITHM)")
     model: ModelSpec = Field(description="the model to start from (a string is short for model.name_or_path)")
     output_dir: str = Field(description="the run directory; an existing one is refused unless --overwrite or "

@@ -288,7 +288,8 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
                   drop_equal_groups: bool = False, whitening: Whitening = "token", masked_in_baseline: bool = False,
                   overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
                   temperature: float = 1.0, credit: str = "episode",
-                  gamma: float = 1.0, lam: float = 1.0) -> tuple[list[Transform], list[Transform]]:
+                  gamma: float = 1.0, lam: float = 1.0, value_weight: float = 0.0,
+                  whiten_advantages: bool = False) -> tuple[list[Transform], list[Transform]]:
     """The RL transform lists, in order: (per round) non-finite rewards → termination policy →
     overlong penalty → informative-group filter; (per batch) group advantages → reference log-probs."""
 
@@ -314,7 +315,11 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
         elif credit == "mc_critic":
             from trajtune.algorithms.mc_critic import assign_mc_advantages
 
-            kept, m = assign_mc_advantages(tts, gamma, lam)
+            kept, m = assign_mc_advantages(tts, gamma, lam, value_weight)
+        elif credit == "gae":
+            from trajtune.algorithms.value import assign_gae_advantages
+
+            kept, m = assign_gae_advantages(tts, gamma, lam, whiten_advantages)
         else:
             kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
         skip = {"nonfinite_rewards"} | ({"equal_reward_groups"} if drop_equal_groups else set())

@@ -206,7 +206,14 @@ class Learner:
         self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         self.world, self.rank = dist.world_size(), dist.rank()
+        # an objective may own trainable state next to the model (a value head: ``module``, saved as
+        # ``module_file``); it is optimised, checkpointed, restored and saved with the model
+        self.extra = getattr(objective, "module", None)
+        if self.extra is not None:
+            self.extra.to(self.accelerator.device)
         params = [p for p in model.parameters() if p.requires_grad]
+        if self.extra is not None:
+            params += [p for p in self.extra.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
         self.params = params
@@ -248,6 +255,7 @@ class Learner:
         model = self.accelerator.unwrap_model(self.model)
         model.save_pretrained(tmp)
         self.tok.save_pretrained(tmp)
+        self._save_extra(tmp)
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                     "rng": _rng_state()}, tmp / "trainer_state.pt")
         if source_state is not None:
@@ -261,6 +269,16 @@ class Learner:
             shutil.rmtree(final)
         os.replace(tmp, final)
         self._prune()
+
+    def _save_extra(self, directory: Path) -> None:
+        """The objective's own trainable state (a value head) as ``module_file`` in ``directory``: a
+        separate file, so the directory stays a plain HF model that ``from_pretrained`` loads."""
+        if self.extra is None:
+            return
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().contiguous().cpu() for k, v in self.extra.state_dict().items()}
+        save_file(state, str(directory / self.objective.module_file))  # type: ignore[attr-defined]
 
     def _prune(self) -> None:
         ckpts = sorted(self.ckpt_root.glob("step-*"))
@@ -319,6 +337,12 @@ class Learner:
             tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
             if unexpected or set(missing) - tied:
                 raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+        if self.extra is not None:
+            path = ckpt / self.objective.module_file  # type: ignore[attr-defined]
+            if not path.exists():
+                raise RunDirError(f"checkpoint {ckpt} has no {path.name}: it was saved by a run without it; resume "
+                                  "with the config that run had")
+            self.extra.load_state_dict(load_file(path))
         st = torch.load(ckpt / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
@@ -393,7 +417,9 @@ class Learner:
             total = dist.all_sum([total])[0]
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         else:
-            grad_norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+            clipped = self.model.parameters() if self.extra is None else \
+                [*self.model.parameters(), *self.extra.parameters()]
+            grad_norm = self.accelerator.clip_grad_norm_(clipped, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total, float(grad_norm)
@@ -494,6 +520,7 @@ class Learner:
         model = self.accelerator.unwrap_model(self.model)
         model.save_pretrained(tmp)
         self.tok.save_pretrained(tmp)
+        self._save_extra(tmp)
         normal_permissions(tmp)
         if path.exists():
             shutil.rmtree(path)

@@ -170,6 +170,8 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
     if (run / "results.json").exists():
         res = json.loads((run / "results.json").read_text())
         data.tables["results"] = _flat(res.get("metrics", res) if isinstance(res, dict) else {})
+        if isinstance(res, dict) and isinstance(res.get("safety"), dict):  # eval --suite safety (docs/safety.md)
+            data.tables["safety"] = _flat({k: v for k, v in res["safety"].items() if k != "metrics"})
     for p in sorted((run / "eval").glob("*.json")) if (run / "eval").is_dir() else []:
         try:
             doc = json.loads(p.read_text())

@@ -19,6 +19,7 @@ import torch
 
 from trajtune.chat.parsers import assistant_message, parse_tool_calls
 from trajtune.chat.render import (
+    PREFIX_KEY,
     SOURCE_ENV,
     SOURCE_POLICY,
     SOURCE_PROMPT,
@@ -208,7 +209,7 @@ def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task:
         res = env.reset(task)
         messages, tools = list(res.messages), list(res.tools)
     ep = _Live(env=env, task=task, messages=messages, tools=tools, index=index)
-    ep.extend(renderer.encode(renderer.prompt_text(ep.messages, ep.tools)), SOURCE_PROMPT)
+    ep.extend(renderer.prompt_ids(ep.messages, ep.tools), SOURCE_PROMPT)  # with render.assistant_prefix
     if ended:
         ep.termination = "done"
     elif len(ep.ids) >= cfg.max_length:
@@ -216,6 +217,14 @@ def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task:
     elif cfg.snapshots:
         ep.snapshots.append((env.snapshot(), list(ep.tools)))
     return ep
+
+
+def _inject_prefix(renderer: ChatRenderer, ep: _Live) -> None:
+    """Append the render option ``assistant_prefix`` after the generation prompt: the model continues
+    from it. Prompt tokens (no loss, no log-probs), encoded on their own as the renderer's segment is."""
+    guard = renderer.config.assistant_prefix
+    if guard:
+        ep.extend(renderer.encode(guard), SOURCE_PROMPT)
 
 
 def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable[[], Environment],
@@ -269,6 +278,8 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
             parsed = parse_tool_calls(text, cfg.parser, taken_ids=e.taken_ids)
             e.format_errors += len(parsed.errors)
             msg = assistant_message(parsed.content, parsed.tool_calls, parsed.errors, text)
+            if renderer.config.assistant_prefix:  # recorded, so re-rendering masks it whatever the config says
+                msg.extra[PREFIX_KEY] = renderer.config.assistant_prefix
             e.messages.append(msg)
             e.turns += 1
             if not ended:
@@ -309,6 +320,7 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
                 e.termination, e.error = "env_error", str(err)
                 continue
             e.extend(obs_ids, SOURCE_ENV)
+            _inject_prefix(renderer, e)
             if cfg.snapshots:
                 e.snapshots.append((e.env.snapshot(), list(e.tools)))
             if len(e.ids) >= cfg.max_length:

@@ -73,7 +73,8 @@ class ChatService:
             raise BadRequest(f"messages/tools do not convert: {e}") from None
         temperature, top_p, max_new, seed = self._sampling(body, body.get("max_completion_tokens",
                                                                           body.get("max_tokens")))
-        prompt = self.renderer.encode(self.renderer.prompt_text(traj.messages, traj.tools))
+        # with render.assistant_prefix (docs/ping.md) the model continues from the prefix, as in rollouts
+        prompt = self.renderer.prompt_ids(traj.messages, traj.tools)
         with self.lock:
             (ids, lps, ended), = self._sample([prompt], max_new, temperature, top_p, self.renderer.stop_ids(), seed)
         text = self.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)

@@ -24,6 +24,8 @@ class Batch:
     advantages: torch.Tensor  # [B, T] float (0 where unset)
     rewards: torch.Tensor  # [B] float
     size: int
+    values: torch.Tensor | None = None  # [B, T] float: V_old of the state before token t (a value head's runs)
+    returns: torch.Tensor | None = None  # [B, T] float: the value head's targets
     #: per row, the LoRA adapter its loss trains (``meta["adapter"]``; DualTune), None when no row names one
     adapters: list[str] | None = None
 
@@ -50,6 +52,8 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
     has_ref = all("ref_logprobs" in t.meta for t in tts)
     ref = torch.zeros((b, width)) if has_ref else None
     rewards = torch.zeros(b)
+    value_keys = [k for k in ("values", "returns") if all(k in t.meta for t in tts)]
+    extra = {k: torch.zeros((b, width)) for k in value_keys}
     for r, t in enumerate(tts):
         n = len(t)
         ids[r, :n] = torch.tensor(t.ids, dtype=torch.long)
@@ -63,8 +67,10 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
         if ref is not None:
             ref[r, :n] = torch.tensor(t.meta["ref_logprobs"], dtype=torch.float)
         rewards[r] = float(t.reward or 0.0)
+        for k, v in extra.items():
+            v[r, :n] = torch.tensor(t.meta[k][:n], dtype=torch.float)
     adapters = [t.meta.get("adapter", "default") for t in tts] if any("adapter" in t.meta for t in tts) else None
-    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, adapters)
+    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters)
 
 
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,11 @@ policy and the overlong penalty), and the Monte-Carlo rollouts' rewards go throu
 shaping (``shape``), so V estimates the same quantity; a rollout the termination policy masks
 (an environment error) does not count in the mean. A rollout from s_k gets the turns the episode
 had left (``rollout.max_turns − k``). Cost: M rollouts per turn of every episode.
+
+Blending (``value_weight`` w > 0): V(s_k) = (1 − w) · V_MC(s_k) + w · V_learned(s_k), where
+V_learned is a value head on the policy (``algorithms.value``) read at turn k's first policy
+token; the head is trained jointly on the episodes' own discounted turn returns G_k. w = 0 is pure
+MC-Critic; w = 1 uses only the learned value (the rollouts are then still sampled and logged).
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 class MCCriticSpec(_C):
     samples: int = Field(4, gt=0, description="M: rollouts from each state whose mean return is its value")
     lam: float = Field(1.0, ge=0, le=1, description="λ of turn-level GAE (1: A_k = G_k − V(s_k))")
+    value_weight: float = Field(0.0, ge=0, le=1, description="w: V(s_k) = (1 − w) · V_MC + w · V_learned, the "
+                                                             "value head's prediction at the turn's start (w > 0 "
+                                                             "trains a value head, configured by rl.value)")
 
 
 def discounted(rewards: list[float], gamma: float) -> float:
@@ -110,15 +118,24 @@ class MCCritic:
         return {"mc_rollouts": float(n_rollouts), "mc_value_mean": sum(flat) / len(flat) if flat else 0.0}
 
 
-def assign_mc_advantages(tts: list[TokenTrajectory], gamma: float = 1.0,
-                         lam: float = 1.0) -> tuple[list[TokenTrajectory], dict[str, float]]:
+def assign_mc_advantages(tts: list[TokenTrajectory], gamma: float = 1.0, lam: float = 1.0,
+                         value_weight: float = 0.0) -> tuple[list[TokenTrajectory], dict[str, float]]:
     """Turn-level GAE with the Monte-Carlo values (``meta['mc_values']``) on each turn's policy tokens;
-    masked episodes get 0."""
+    masked episodes get 0. With ``value_weight`` w > 0 the values are blended with the value head's
+    (``meta['values']`` at each turn's first policy token), and ``meta['returns']`` gets the head's
+    targets."""
+    from trajtune.algorithms.value import set_turn_return_targets, turn_start_values
+
     tts, n_nonfinite = mark_nonfinite_rewards(tts)
     for t in tts:
         r = turn_rewards(t)
         v = list(t.meta.get("mc_values", []))[:len(r)]
         v += [0.0] * (len(r) - len(v))
+        if value_weight > 0:
+            learned = turn_start_values(t)
+            v = [(1.0 - value_weight) * mc + value_weight * lv for mc, lv in zip(v, learned)]
+            t.meta["blended_values"] = [round(x, 6) for x in v]
+            set_turn_return_targets(t, gamma)
         a = [0.0] * len(r) if t.meta.get("masked") else gae(r, v, gamma, lam)
         t.meta["turn_advantages"] = [round(x, 6) for x in a]
         t.advantages = [a[k] if s == SOURCE_POLICY and k < len(a) else 0.0 for s, k in zip(t.source, t.turn)]

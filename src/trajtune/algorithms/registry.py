@@ -30,7 +30,8 @@ from trajtune.errors import ConfigError
 #: Modules that register the built-in algorithms (imported on first use, so importing the registry
 #: stays cheap and the config module never imports torch).
 BUILTIN_MODULES = ("trajtune.algorithms.sft", "trajtune.algorithms.rl", "trajtune.algorithms.rft",
-                   "trajtune.algorithms.dpo", "trajtune.algorithms.dualtune")
+                   "trajtune.algorithms.dpo", "trajtune.algorithms.tfgrpo",
+                   "trajtune.algorithms.dualtune")
 
 
 @dataclass

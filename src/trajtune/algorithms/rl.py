@@ -21,6 +21,7 @@ from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
 from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
 from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec
+from trajtune.algorithms.value import ValueSpec
 from trajtune.config import EnvRunBase, TrainSpec, _C
 from trajtune.errors import ConfigError
 from trajtune.envs.base import make_env
@@ -93,12 +94,17 @@ class RLSpec(_C):
         None, description="the training reward as weighted named terms with an optional per-stage schedule "
                           "(env, success, format, length, turns, info.NAME from the environment, module:function "
                           "plug-ins); each term is logged as reward/NAME (docs/algorithms.md, Reward composition)")
-    credit: Literal["episode", "turn", "mc_critic"] = Field(
+    credit: Literal["episode", "turn", "mc_critic", "gae"] = Field(
         "episode", description="episode: the episode reward's advantage on every policy token; turn: each turn's "
                                "discounted return compared across the group's turns at the same depth (per-turn "
                                "rewards from the environment); mc_critic: turn-level GAE with Monte-Carlo state "
-                               "values from extra rollouts (docs/algorithms.md, Turn-level credit, MC-Critic)")
-    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn or mc_critic)")
+                               "values from extra rollouts; gae: PPO with a learned value head and token-level "
+                               "GAE(γ, λ) (docs/algorithms.md, Turn-level credit, MC-Critic, PPO with a value head)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn, mc_critic or "
+                                                      "gae)")
+    value: ValueSpec | None = Field(None, description="the value head (credit: gae, or mc_critic with "
+                                                      "mc_critic.value_weight > 0): vf_coef, value clipping, GAE λ "
+                                                      "and advantage whitening; defaults when omitted")
     mc_critic: MCCriticSpec | None = Field(None, description="with credit: mc_critic: rollouts per state (samples) "
                                                              "and GAE λ (lam); defaults when omitted")
     masked_in_baseline: bool = Field(
@@ -114,6 +120,34 @@ class RLSpec(_C):
                              f"{', '.join(DEFAULT_TERMINATION_POLICY)}")
         return v
 
+    def uses_value_head(self) -> bool:
+        """credit: gae, or MC-Critic blending a learned value in."""
+        return self.credit == "gae" or (self.credit == "mc_critic" and self.mc_critic is not None
+                                        and self.mc_critic.value_weight > 0)
+
+    def _value_no_ops(self, s: dict[str, Any]) -> None:
+        if self.credit == "gae":
+            conflict = [k for k in ("estimator", "whitening", "masked_in_baseline") if k in s]
+            if conflict:
+                raise ValueError(f"rl.credit: gae computes its own advantages (token-level GAE with a value head); "
+                                 f"{', '.join('rl.' + k for k in conflict)} apply to group baselines, drop them")
+            if self.async_rollouts:
+                raise ValueError("rl.credit: gae with rl.async_rollouts is not supported (the background sampler "
+                                 "would read the value head while it trains)")
+        if self.value is None:
+            return
+        if self.credit not in ("gae", "mc_critic"):
+            raise ValueError("rl.value only applies to credit: gae, or credit: mc_critic with "
+                             "rl.mc_critic.value_weight > 0")
+        if self.credit == "mc_critic":
+            if not self.uses_value_head():
+                raise ValueError("rl.value with credit: mc_critic trains a value head nothing reads: set "
+                                 "rl.mc_critic.value_weight > 0 or drop rl.value")
+            extra = sorted(set(self.value.non_default()) & {"lam", "whiten_advantages"})
+            if extra:
+                raise ValueError(f"rl.value.{extra[0]} only applies to credit: gae (MC-Critic's λ is "
+                                 "rl.mc_critic.lam, and its advantages are not whitened)")
+
     @model_validator(mode="after")
     def _no_ops(self) -> "RLSpec":
         s = self.non_default()
@@ -121,17 +155,18 @@ class RLSpec(_C):
             raise ValueError("rl.kl_estimator is set but rl.kl_coef is 0: no KL term would be computed")
         if self.aggregation != "seq_mean_token_sum_norm" and "norm_length" in s:
             raise ValueError("rl.norm_length only applies to aggregation: seq_mean_token_sum_norm")
-        if self.group_size == 1 and self.estimator in ("grpo", "dr_grpo", "rloo"):
+        if self.group_size == 1 and self.estimator in ("grpo", "dr_grpo", "rloo") and self.credit != "gae":
             raise ValueError(f"rl.group_size 1 gives zero advantages with estimator {self.estimator}; use >= 2")
         if self.group_size == 1 and (self.drop_equal_groups or self.dynamic_sampling is not None):
             raise ValueError("rl.drop_equal_groups / rl.dynamic_sampling with group_size 1 would drop every group")
         if "gamma" in s and self.credit == "episode":
-            raise ValueError("rl.gamma only applies to credit: turn or mc_critic")
+            raise ValueError("rl.gamma only applies to credit: turn, mc_critic or gae")
         if self.mc_critic is not None and self.credit != "mc_critic":
             raise ValueError("rl.mc_critic only applies to credit: mc_critic")
         if self.credit == "mc_critic" and ("estimator" in s or "whitening" in s):
             raise ValueError("rl.credit: mc_critic computes its own advantages (turn-level GAE); rl.estimator and "
                              "rl.whitening do not apply")
+        self._value_no_ops(s)
         if self.credit == "mc_critic" and self.async_rollouts:
             raise ValueError("rl.credit: mc_critic with rl.async_rollouts is not supported")
         if self.credit == "turn" and self.estimator.startswith("reinforce_pp"):
@@ -268,21 +303,31 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         estimator=r.estimator, termination=dict(r.termination),
         drop_equal_groups=r.drop_equal_groups or r.dynamic_sampling is not None, whitening=r.whitening,
         masked_in_baseline=r.masked_in_baseline, credit=r.credit, gamma=r.gamma,
-        lam=(r.mc_critic or MCCriticSpec()).lam,
+        lam=(r.value or ValueSpec()).lam if r.credit == "gae" else (r.mc_critic or MCCriticSpec()).lam,
+        value_weight=(r.mc_critic or MCCriticSpec()).value_weight if r.credit == "mc_critic" else 0.0,
+        whiten_advantages=(r.value or ValueSpec()).whiten_advantages,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
         ref_model=ref, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, temperature=temperature)
-    tasks = env.tasks("train", r.n_train_tasks, seed=cfg.seed)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     composer = RewardComposer(r.reward) if r.reward is not None else None
+    critic: Any = MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro, tok,
+                           ctx.renderer, cfg.seed, shape=_mc_shaping(r, composer),
+                           snapshots=snapshots) if r.credit == "mc_critic" else None
+    head = None
+    if r.uses_value_head():  # the value head: its V_old is read before the advantages, then trained jointly
+        from trajtune.algorithms.value import ValueEstimator, ValueHead, chain_critics, hidden_size
+
+        head = ValueHead(hidden_size(ctx.model))
+        estimate = ValueEstimator(head, pad_id)
+        critic = estimate if critic is None else chain_critics(critic, estimate)
+    tasks = env.tasks("train", r.n_train_tasks, seed=cfg.seed)
     episodes_path = ctx.out / "rollouts.jsonl"
     source = RolloutSource(tok, cfg.rollout.env_factory(cfg.env), tasks, ro, r.tasks_per_step, r.group_size,
                            per_round=per_round, per_batch=per_batch,
                            min_groups=r.tasks_per_step if r.dynamic_sampling else None,
                            max_rounds=r.dynamic_sampling.max_rounds if r.dynamic_sampling else 1,
                            seed=cfg.seed, renderer=ctx.renderer, on_episodes=episode_writer(episodes_path),
-                           compose=_episode_hooks(r, composer),
-                           critic=MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro,
-                                           tok, ctx.renderer, cfg.seed, shape=_mc_shaping(r, composer), snapshots=snapshots)
-                           if r.credit == "mc_critic" else None,
+                           compose=_episode_hooks(r, composer), critic=critic,
                            curriculum=Curriculum(r.curriculum, tasks, cfg.env.name) if r.curriculum is not None else None)
     on_weights = None
     if prepared is not None:  # rollout.server: the server samples, and follows the policy after every step
@@ -291,6 +336,12 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         source = _one_step_ahead(source, cfg, ctx)
     objective = PolicyGradientObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation,
                                         r.norm_length, temperature)
+    if head is not None:
+        from trajtune.algorithms.value import ValueObjective
+
+        v = r.value or ValueSpec()
+        objective = ValueObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation, r.norm_length,
+                                   temperature, head=head, vf_coef=v.vf_coef, value_clip=v.clip)
     return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
                   epochs=r.ppo_epochs, mini_batches=r.mini_batches, step_logs=[episodes_path],
                   shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"),

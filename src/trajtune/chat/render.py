@@ -84,7 +84,11 @@ class RenderConfig:
     and calls and its calls parse back, else the first fallback that renders. ``system_role`` /
     ``tool_role`` / ``content_format`` / ``arguments_format``: ``auto`` probes the template; set one
     to force it. ``template_kwargs``: extra variables for the template (e.g.
-    ``{"enable_thinking": False}``).
+    ``{"enable_thinking": False}``). ``assistant_prefix``: text put right after the generation
+    prompt of every agent turn (a prefix injection guard, docs/ping.md), at the token level (the
+    template never sees it); it is prompt, not policy (no loss, no RL credit), and stays in the
+    history. A message that records its own prefix (``extra["assistant_prefix"]``, as rollouts do)
+    keeps that one.
     """
 
     train_on: Literal["all", "last", "hint", "all_tokens"] = "hint"
@@ -99,6 +103,11 @@ class RenderConfig:
     content_format: Literal["auto", "string", "parts"] = "auto"
     arguments_format: Literal["auto", "dict", "string"] = "auto"
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    assistant_prefix: str | None = None
+
+
+#: Where a rollout records the prefix it injected before an assistant turn (``Message.extra``).
+PREFIX_KEY = "assistant_prefix"
 
 
 class NonPrefixError(RenderError):
@@ -444,6 +453,30 @@ class ChatRenderer:
                      else d for d in dicts]
         return dicts, template_tools
 
+    def turn_prefix(self, m: Message) -> str:
+        """The text injected right after the assistant header of ``m`` ("" for none): the prefix the
+        message records (what the model really saw), else ``assistant_prefix`` of the config."""
+        if m.role != "assistant":
+            return ""
+        recorded = m.extra.get(PREFIX_KEY)
+        if isinstance(recorded, str):
+            return recorded
+        return self.config.assistant_prefix or ""
+
+    def prompt_ids(self, messages: list[Message], tools: list[ToolSpec]) -> list[int]:
+        """The token ids a model continues from for the next assistant turn: the generation prompt,
+        with every earlier turn's assistant prefix in its place and this turn's at the end (the same
+        ids a rollout reaching this point holds). Without any prefix: the encoded ``prompt_text``."""
+        guard = self.config.assistant_prefix or ""
+        if (not guard and not any(self.turn_prefix(m) for m in messages)) or (messages and messages[-1].role == "assistant"):
+            return self.encode(self.prompt_text(messages, tools)) + self.encode(guard)
+        try:
+            segments = self.segment_texts(Trajectory(id="prompt", messages=list(messages), tools=list(tools)),
+                                          generation_prompt=True)
+        except NonPrefixError:  # the template rewrites history: earlier prefixes cannot be placed
+            return self.encode(self.prompt_text(messages, tools)) + self.encode(guard)
+        return [i for _, text, _ in segments for i in self.encode(text)]
+
     def template_messages(self, messages: list[Message], tools: list[ToolSpec] | None = None) -> list[dict[str, Any]]:
         """IR messages as template dicts (see ``template_inputs``)."""
         return self.template_inputs(messages, tools)[0]
@@ -544,7 +577,7 @@ class ChatRenderer:
         return full[pos + len(header):] if pos >= 0 else None
 
     # -- the segments ---------------------------------------------------------------------------
-    def segment_texts(self, traj: Trajectory) -> list[tuple[int, str, int]]:
+    def segment_texts(self, traj: Trajectory, generation_prompt: bool = False) -> list[tuple[int, str, int]]:
         """(source, text, message_index) segments whose concatenation is the rendered trajectory.
 
         Policy segments are the assistant turns through their end-of-turn string; the text a
@@ -553,6 +586,12 @@ class ChatRenderer:
         end-of-turn if it ends with an assistant turn. Raises ``NonPrefixError`` where a later
         rendering rewrites text already emitted, and ``RenderError`` where the template drops a
         message's content, a call or a tool result (see ``verify``).
+
+        ``assistant_prefix`` (``turn_prefix``) is a prompt segment of its own between a turn's
+        generation prompt and the turn: the template never sees it (so any template keeps its own
+        rendering of the turn), and it is tokenized apart, exactly as a rollout appends it. With
+        ``generation_prompt`` a conversation that does not end with an assistant turn ends with the
+        next turn's generation prompt and prefix (``prompt_ids``).
         """
         segments: list[tuple[int, str, int]] = []
         committed = ""  # text emitted as segments so far (ends at the last end-of-turn)
@@ -566,15 +605,21 @@ class ChatRenderer:
             self._prefix_check(committed, prompt, f"message {i} (generation prompt)")
             if len(prompt) > len(committed):
                 segments.append((pending_source, prompt[len(committed):], i))
+            guard = self.turn_prefix(m)
+            if guard:
+                segments.append((SOURCE_PROMPT, guard, i))
             segments.append((SOURCE_POLICY, policy, i))
             committed = prompt + policy
             pending_source = SOURCE_PROMPT
         if traj.messages and traj.messages[-1].role != "assistant":
             msgs, tools = self.template_inputs(traj.messages, traj.tools)
-            full = self.render_text(msgs, tools, add_generation_prompt=False)
+            full = (self.generation_prompt_text(msgs, tools) if generation_prompt
+                    else self.render_text(msgs, tools, add_generation_prompt=False))
             self._prefix_check(committed, full, "the final messages")
             if len(full) > len(committed):
                 segments.append((pending_source, full[len(committed):], len(traj.messages) - 1))
+            if generation_prompt and self.config.assistant_prefix:
+                segments.append((SOURCE_PROMPT, self.config.assistant_prefix, len(traj.messages)))
         self.verify(traj, {mi: t for src, t, mi in segments if src == SOURCE_POLICY}, "".join(t for _, t, _ in segments))
         return segments
 
@@ -728,7 +773,8 @@ class ChatRenderer:
             w = self._turn_weight(traj, i, last_assistant)
             if w == 0.0 and not include_untrained:
                 continue
-            p_ids, a_ids = self.encode(prompt), self.encode(policy)
+            # (the template rewrites history here: only this turn's own prefix can be placed)
+            p_ids, a_ids = self.encode(prompt) + self.encode(self.turn_prefix(traj.messages[i])), self.encode(policy)
             samples.append(self._token_trajectory(
                 traj, p_ids + a_ids, [SOURCE_PROMPT] * len(p_ids) + [SOURCE_POLICY] * len(a_ids),
                 [k] * (len(p_ids) + len(a_ids)), [0.0] * len(p_ids) + [w] * len(a_ids),

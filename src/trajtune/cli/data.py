@@ -610,6 +610,48 @@ def pairs(
     typer.echo(json.dumps({**counts, "output": str(output)}))
 
 
+# ----------------------------------------------------------------------------------- plant-canaries
+
+
+@data_app.command("plant-canaries")
+def plant_canaries_cmd(
+    input: Path = typer.Option(..., "--in", "-i", help="Input trajectory JSONL (IR; plain or gzipped)."),
+    output: Path = typer.Option(..., "--out", "-o", help="Output JSONL: every record, n of them with a canary."),
+    n: int = typer.Option(..., "--n", help="Records to plant a canary in (each gets its own secret)."),
+    seed: int = typer.Option(0, "--seed", help="Seed choosing the records, the messages and the secrets."),
+    prefix: str = typer.Option("The secret code is", "--prefix", help="The fixed text before each secret; the "
+                                                                       "probe prompts with it."),
+    where: str = typer.Option("auto", "--where", help="Message to plant in: auto (a tool observation, else a user "
+                                                      "message), tool or user."),
+    length: int = typer.Option(10, "--length", help="Characters per secret (lowercase letters and digits)."),
+    canaries: Optional[Path] = typer.Option(None, "--canaries", help="Sidecar JSON listing prefix and secrets "
+                                                                     "(default: canaries.json next to --out)."),
+    overwrite: bool = OverwriteOpt,
+) -> None:
+    """Plant random canaries (a fixed prefix + a random secret) in n records, for the privacy probe.
+
+    The planted records carry metadata.canary; the sidecar holds the prefix, the secrets and the
+    context each was planted in. Fine-tune on --out, then run `trajtune probe privacy` (docs/probes.md).
+
+    Example: trajtune data plant-canaries --in train.jsonl --out train.canaries.jsonl --n 20 --seed 1
+    """
+    from trajtune.safety.canaries import plant_canaries
+    from trajtune.schema import atomic_write_text
+
+    sidecar_path = canaries if canaries is not None else output.parent / "canaries.json"
+    with _path_errors():
+        _input(input)
+        _check_output(output, overwrite, [input])
+        _check_output(sidecar_path, overwrite, [input, output])
+        records = [traj for _, traj, _ in iter_records(input, None, check=_valid(input))]
+        planted, doc = plant_canaries(records, n, seed, prefix=prefix, where=where, length=length)
+        with AtomicJsonlWriter(output, overwrite=overwrite) as w:
+            for traj in planted:
+                w.write(traj)
+        atomic_write_text(sidecar_path, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    typer.echo(f"planted {n} canaries in {w.count} records -> {output} (secrets: {sidecar_path})")
+
+
 if __name__ == "__main__":  # pragma: no cover
     data_app()
     sys.exit(0)

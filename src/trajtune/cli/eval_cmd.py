@@ -42,6 +42,22 @@ def render_overrides(items: list[str] | None) -> dict[str, Any]:
     return data.get("render", {})
 
 
+def assistant_prefix_text(text: str | None, file: Path | None, render: dict[str, Any]) -> str | None:
+    """The assistant prefix from ``--assistant-prefix`` or ``--assistant-prefix-file`` (a ping.json); at most
+    one of them and ``--set render.assistant_prefix``."""
+    given = [o for o, v in (("--assistant-prefix", text), ("--assistant-prefix-file", file),
+                            ("--set render.assistant_prefix", render.get("assistant_prefix"))) if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both set the assistant prefix; give one")
+    if file is not None:
+        from trajtune.safety.ping import load_prefix
+
+        return load_prefix(str(file))
+    if text is not None and not text:
+        raise UsageError("--assistant-prefix is empty; leave it out for no prefix")
+    return text
+
+
 def eval_(
     model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir), or openai:URL for an OpenAI-compatible endpoint.")],
     env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
@@ -74,6 +90,11 @@ def eval_(
         "--template", help="Jinja chat template file to use instead of the tokenizer's own.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Render option: --set render.tool_format=hermes (repeatable; see `trajtune doctor`).")] = None,
+    assistant_prefix: Annotated[Optional[str], typer.Option(
+        "--assistant-prefix", help="Text put right after the assistant header of every agent turn (a prefix "
+                                   "injection guard; same as --set render.assistant_prefix=TEXT; docs/ping.md).")] = None,
+    assistant_prefix_file: Annotated[Optional[Path], typer.Option(
+        "--assistant-prefix-file", help="A ping.json from `trajtune ping`: its best prefix is the assistant prefix.")] = None,
     device: Annotated[str, typer.Option(help="Where the model runs: auto (GPU if there is one), cpu, cuda, cuda:1, ...")] = "auto",
     env_arg: Annotated[Optional[list[str]], typer.Option("--env-arg", help="Environment argument key=value (repeatable).")] = None,
     seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
@@ -97,6 +118,21 @@ def eval_(
                                "trajectories).")] = None,
     judge_max_tokens: Annotated[Optional[int], typer.Option(
         "--judge-max-tokens", help="Token limit of the judge's reply (default 256).")] = None,
+    experiences: Annotated[Optional[Path], typer.Option(
+        "--experiences", help="Put the lessons of a tfgrpo run (its directory or experiences.json) in the system "
+                              "prompt, as the run's rollouts had them (docs/algorithms.md, Training-free GRPO).")] = None,
+    bayes_lora: Annotated[Optional[int], typer.Option(
+        "--bayes-lora", help="BayesLoRA: K stochastic passes per episode with dropout on in the LoRA layers only "
+                             "(--model must be a LoRA adapter trained with lora.dropout > 0). Adds "
+                             "metrics.uncertainty and metadata.uncertainty per episode (docs/probes.md).")] = None,
+    suite: Annotated[Optional[str], typer.Option(
+        "--suite", help="safety: also run the safety environment (harmful requests to refuse, benign twins to do; "
+                        "--tasks of them) next to --env (default home) and report harmful compliance, refusal rate, "
+                        "benign success and over-refusal (docs/safety.md).")] = None,
+    refusal_judge: Annotated[Optional[str], typer.Option(
+        "--refusal-judge", help="Who decides whether the agent refused in the safety environment: openai:URL|MODEL "
+                                "or a local model (default: phrase rules). Judge failures fall back to the rules and "
+                                "are counted.")] = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -109,6 +145,11 @@ def eval_(
     Example: trajtune eval --model openai:http://127.0.0.1:8000/v1 --env home --tasks 50   (a `trajtune serve` or vLLM endpoint)
 
     Example: trajtune eval --model runs/demo/sft/final --env home --judge openai:http://127.0.0.1:8000/v1 --judge-rubric my_rubric.txt
+
+    Example: trajtune eval --model Qwen/Qwen3-0.6B --env home --experiences runs/tfgrpo-home   (a tfgrpo run's lessons)
+    Example: trajtune eval --model runs/lora-sft/final --env home --tasks 50 --bayes-lora 8   (uncertainty per turn)
+    Example: trajtune eval --model runs/demo/sft/final --env home --suite safety --tasks 40 --out runs/eval-safety
+    Example: trajtune eval --model runs/demo/sft/final --env safety --assistant-prefix-file runs/ping/ping.json --out runs/eval-ping
     """
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
@@ -116,6 +157,10 @@ def eval_(
     if (resume or overwrite) and out is None:
         raise UsageError("--resume and --overwrite act on --out; give --out DIR")
     env_kwargs = _env_kwargs(env_arg)
+    render = render_overrides(set_)
+    prefix = assistant_prefix_text(assistant_prefix, assistant_prefix_file, render)
+    if prefix is not None:
+        render["assistant_prefix"] = prefix
     if env is not None:
         from trajtune.config import env_from_cli
 
@@ -127,17 +172,21 @@ def eval_(
         env_kwargs=env_kwargs, tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
-        workers=workers, template=str(template) if template else None, render=render_overrides(set_),
+        workers=workers, template=str(template) if template else None, render=render,
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
-        judge_max_tokens=judge_max_tokens)
+        judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora, suite=suite, refusal_judge=refusal_judge)
+    if experiences is not None:
+        from trajtune.envs.adapters.experiences import load_experiences
+
+        settings.experiences = load_experiences(experiences)
     backend = None
     if model.startswith("openai:"):
         from trajtune.envs.adapters.openai_policy import endpoint_policy
         from trajtune.eval.backends import endpoint_backend
 
-        if template is not None or set_:
-            raise UsageError("--template and --set render.* shape the prompt of a local model; an endpoint renders "
-                             "its own")
+        if template is not None or set_ or prefix is not None:
+            raise UsageError("--template, --set render.* and --assistant-prefix(-file) shape the prompt of a local "
+                             "model; an endpoint renders its own")
         settings.parser = "hermes"
         backend = endpoint_backend(endpoint_policy(model, endpoint_model, temperature, option="--model"),
                                    workers=workers)
@@ -147,6 +196,8 @@ def eval_(
         shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
     if not quiet:
         console.print(summary_table(results))
+        if "safety" in results:
+            console.print(safety_table(results))
     failures = (results.get("metrics", {}).get("judge") or {}).get("parse_failures", 0)
     if failures:  # even with -q: a judge that cannot be read must not pass unnoticed
         console.print(f"[yellow]warning:[/yellow] the judge's reply had no score for {failures} of "
@@ -192,4 +243,25 @@ def summary_table(results: dict[str, Any]) -> Any:
     ends = ", ".join(f"{k} {v}" for k, v in m.get("terminations", {}).items())
     if ends:
         t.caption = f"episodes ended: {ends}"
+    return t
+
+
+def safety_table(results: dict[str, Any]) -> Any:
+    """The four safety rates, one per row so they stay readable in a narrow terminal; the per-category
+    rates are in the results JSON (``safety.categories``)."""
+    from rich.table import Table
+
+    sm = results["safety"]
+    t = Table(title=f"{results.get('model')} on safety", title_justify="left")
+    for col in ("safety", "rate", "of", "meaning"):
+        t.add_column(col, justify="right" if col in ("rate", "of") else "left")
+    nh, nb = str(sm.get("harmful_episodes", 0)), str(sm.get("benign_episodes", 0))
+    t.add_row("harmful compliance", _pct(sm.get("harmful_compliance")), nh, "harmful call executed (lower is better)")
+    t.add_row("refusal rate", _pct(sm.get("refusal_rate")), nh, "harmful request refused")
+    t.add_row("benign success", _pct(sm.get("benign_success")), nb, "benign twin done, not refused")
+    t.add_row("over-refusal", _pct(sm.get("over_refusal")), nb, "benign twin refused (lower is better)")
+    det = sm.get("refusal_detector") or {}
+    failed = sum((det.get("judge_failures") or {}).values())
+    t.caption = "refusals decided by " + ", ".join(f"{k} {v}" for k, v in (det.get("decided_by") or {}).items()) + \
+        (f"; {failed} judge failure(s) fell back to the rules" if failed else "")
     return t

@@ -24,7 +24,10 @@ from trajtune.cli.data import data_app
 from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
 from trajtune.cli.generate import generate
+from trajtune.cli.synth_safety import synth_safety
 from trajtune.cli.models import models_app
+from trajtune.cli.probe import probe_app
+from trajtune.cli.ping import ping_cmd
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
 from trajtune.errors import EXIT_CODES, Interrupted, UserError
@@ -113,12 +116,15 @@ _run.register(app)
 app.command("doctor")(doctor_cmd)
 app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
+app.command("ping")(ping_cmd)
 data_app.command("generate")(generate)
+data_app.command("synth-safety")(synth_safety)
 app.add_typer(data_app, name="data",
               help="Validate, convert, inspect, mix, split, dedup and generate trajectory data.")
 app.add_typer(envs_app, name="envs")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
+app.add_typer(probe_app, name="probe")
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from trajtune.envs import home as _home  # noqa: E402,F401  (registers "home")
 from trajtune.envs import builtin as _builtin  # noqa: E402,F401  (registers the other built-in environments)
 from trajtune.envs.adapters import from_config as _from_config  # noqa: E402,F401  (python_tools, gym, mcp)
 from trajtune.envs.adapters import feedback_slot as _feedback_slot  # noqa: E402,F401  (feedback_slot)
+from trajtune.envs.adapters import experiences as _experiences  # noqa: E402,F401  (with_experiences)
 
 
 def _register_benchmarks() -> None:

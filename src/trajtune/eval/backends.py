@@ -84,7 +84,7 @@ class HFBackend:
         eot = self.renderer.stop_ids()
         cfg = self._config(1)
         out: list[str | None] = [None] * len(prompts)
-        seqs = [self.renderer.encode(self.renderer.prompt_text(m, t)) for m, t in prompts]
+        seqs = [self.renderer.prompt_ids(m, t) for m, t in prompts]  # with render.assistant_prefix
         fits = [i for i, s in enumerate(seqs) if len(s) < self.max_length]
         was_training = self.model.training
         self.model.eval()

@@ -15,6 +15,10 @@ Suites:
 - ``--benchmark bfcl``: per category, single-turn ones as one prompt→completion each, scored by
   ``score_single_turn`` (BFCL's AST / relevance rules); multi-turn ones as ``BFCLMultiTurnEnv``
   episodes. ``--limit`` takes the first N entries of each category.
+- ``--suite safety``: the ``safety`` environment's held-out pairs (harmful request / benign twin) run
+  as one more suite next to the above (default capability environment: ``home``); each episode's
+  safety verdict is recorded in ``metadata["safety"]`` and summarised apart (``results["safety"]``),
+  so the capability metrics stay the capability suite's.
 
 The turn limit defaults to the environment's own ``max_turns``.
 """
@@ -29,11 +33,14 @@ from typing import Any
 from trajtune.envs.base import Environment, Task, make_env
 from trajtune.errors import UsageError
 from trajtune.eval.backends import Backend
-from trajtune.eval.metrics import agent_messages, episode_stats, eval_meta, summarize
+from trajtune.eval.metrics import agent_messages, episode_stats, eval_meta, safety_summary, summarize
 from trajtune.eval.verifiers import best_of_report, get_verifier
 from trajtune.schema import Outcome, Trajectory
 
 BENCHMARKS = ("bfcl", "textworld")
+SUITES = ("safety",)
+#: The capability environment ``--suite safety`` runs next to when no --env / --benchmark is given.
+DEFAULT_CAPABILITY_ENV = "home"
 
 
 @dataclass
@@ -68,6 +75,10 @@ class EvalSettings:
     judge_model: str | None = None  # the model name sent to the judge endpoint (default "default")
     judge_rubric: str | None = None  # a text/Markdown rubric file (default: trajtune.judge.DEFAULT_RUBRIC)
     judge_max_tokens: int | None = None  # token limit of the judge's reply (default 256)
+    experiences: list[str] | None = None  # lessons put in the prompt (a tfgrpo run's library: envs/adapters/experiences.py)
+    bayes_lora: int | None = None  # K MC-dropout passes on the LoRA adapter per episode (trajtune.safety.bayes_lora)
+    suite: str | None = None  # "safety": the safety environment runs next to the capability environment
+    refusal_judge: str | None = None  # openai:URL|MODEL or a local model: who decides "did the agent refuse?"
 
     @property
     def samples(self) -> int:
@@ -75,6 +86,13 @@ class EvalSettings:
 
     def validate(self) -> None:
         """Reject contradictory settings with a message that says what to change."""
+        if self.suite is not None and self.suite not in SUITES:
+            raise UsageError(f"unknown --suite {self.suite!r}; known: {', '.join(SUITES)}")
+        if self.suite == "safety" and self.env is None and self.benchmark is None:
+            self.env = DEFAULT_CAPABILITY_ENV  # the safety halves run next to the default capability env
+        if self.refusal_judge is not None and self.suite != "safety" and self.env != "safety":
+            raise UsageError("--refusal-judge decides refusals in the safety environment; add --suite safety "
+                             "(or --env safety)")
         if (self.env is None) == (self.benchmark is None):
             raise UsageError("give exactly one of --env NAME or --benchmark {bfcl,textworld}")
         if self.benchmark is not None and self.benchmark not in BENCHMARKS:
@@ -105,7 +123,11 @@ class EvalSettings:
             raise UsageError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
         if self.workers < 1 or self.batch_size < 1:
             raise UsageError("--workers and --batch-size must be at least 1")
+        if self.bayes_lora is not None and self.bayes_lora < 2:
+            raise UsageError("--bayes-lora needs at least 2 stochastic passes (e.g. --bayes-lora 8)")
         self.render_config()  # unknown or invalid render options fail before anything loads
+        if self.experiences is not None and self.env is None:
+            raise UsageError("--experiences puts lessons in an environment's prompt; give --env (not --benchmark)")
         self._validate_judge()
 
     def _validate_judge(self) -> None:
@@ -155,6 +177,10 @@ class Suite:
 
 def _env_suite(name: str, kwargs: dict[str, Any], s: EvalSettings) -> Suite:
     def factory() -> Environment:
+        if s.experiences is not None:  # the prompt a tfgrpo run tuned its lessons with
+            from trajtune.envs.adapters.experiences import WithExperiences
+
+            return WithExperiences(make_env(name, **kwargs), s.experiences)
         return make_env(name, **kwargs)
 
     probe = factory()
@@ -196,13 +222,33 @@ def _bfcl_suites(s: EvalSettings) -> list[Suite]:
     return suites
 
 
+def _safety_finish(env: Environment, traj: Trajectory) -> None:
+    """Record the safety verdict of an episode (``metadata["safety"]``; ``trajtune.eval.metrics.safety_summary``
+    reads it), from the environment's state, so an episode cut by the turn limit is judged too."""
+    record = getattr(env, "safety_record", None)
+    if record is not None and getattr(env, "task", None) is not None:
+        traj.metadata["safety"] = record()
+
+
+def _safety_suite(kwargs: dict[str, Any], s: EvalSettings) -> Suite:
+    if s.refusal_judge is not None:
+        kwargs = {**kwargs, "refusal_judge": s.refusal_judge}
+    suite = _env_suite("safety", kwargs, s)
+    suite.finish = _safety_finish
+    return suite
+
+
 def build_suites(s: EvalSettings) -> list[Suite]:
     if s.benchmark == "bfcl":
-        return _bfcl_suites(s)
-    if s.benchmark == "textworld":
-        return [_env_suite("textworld", s.env_kwargs, s)]
-    assert s.env is not None
-    return [_env_suite(s.env, s.env_kwargs, s)]
+        suites = _bfcl_suites(s)
+    elif s.benchmark == "textworld":
+        suites = [_env_suite("textworld", s.env_kwargs, s)]
+    else:
+        assert s.env is not None
+        suites = [_safety_suite(s.env_kwargs, s) if s.env == "safety" else _env_suite(s.env, s.env_kwargs, s)]
+    if s.suite == "safety" and s.env != "safety":
+        suites.append(_safety_suite({}, s))
+    return suites
 
 
 def _chunk_seed(seed: int, suite: str, key: tuple[str, int]) -> int:
@@ -266,12 +312,13 @@ def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: 
 
 def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = None,
                    progress: Callable[[int], None] | None = None,
-                   suites: list[Suite] | None = None, judge: Any = None) -> dict[str, Any]:
+                   suites: list[Suite] | None = None, judge: Any = None, scorers: Sequence[Any] = ()) -> dict[str, Any]:
     """Run (or finish) an evaluation and return its results; writes them through ``store`` if given.
 
     ``suites`` (from ``build_suites(settings)``) may be passed when the caller built them already.
     ``judge`` (a ``trajtune.judge.Judge``) scores each batch of episodes before they are stored, so
-    its verdicts (``metadata["judge"]``) survive a resume.
+    its verdicts (``metadata["judge"]``) survive a resume. ``scorers`` (objects with ``annotate(trajs)``,
+    e.g. ``trajtune.safety.bayes_lora.BayesLoRAScorer``) do the same for other per-episode scores.
     """
     settings.validate()
     verifier = get_verifier(settings.verifier) if settings.best_of else None
@@ -294,6 +341,8 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
             trajs = [_annotate(tr, suite, t, i, samples) for tr, (t, i) in zip(trajs, chunk)]
             if judge is not None:
                 judge.annotate(trajs)
+            for scorer in scorers:
+                scorer.annotate(trajs)
             if store is not None:
                 store.append(trajs)
             else:
@@ -310,13 +359,24 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
 def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifier: Any = None) -> dict[str, Any]:
     """The results document: settings, metrics (overall + per category), best-of-N, BFCL report."""
     target = settings.env or settings.benchmark
+    safety = [t for t in episodes if isinstance(t.metadata.get("safety"), dict)]
+    # with --suite safety the capability metrics are the capability environment's alone
+    capability = [t for t in episodes if not isinstance(t.metadata.get("safety"), dict)] or list(episodes)
     out: dict[str, Any] = {
         "model": settings.model,
         "target": target,
         "kind": "env" if settings.env else "benchmark",
         "samples_per_task": settings.samples,
-        "metrics": summarize(episodes, ks=settings.ks),
+        "metrics": summarize(capability, ks=settings.ks),
     }
+    if settings.bayes_lora:
+        from trajtune.safety.bayes_lora import summarize_uncertainty
+
+        uncertainty = summarize_uncertainty(capability)
+        if uncertainty is not None:
+            out["metrics"]["uncertainty"] = uncertainty
+    if safety:
+        out["safety"] = {**safety_summary(safety), "metrics": summarize(safety, ks=settings.ks)}
     if verifier is not None:
         out["best_of"] = best_of_report(episodes, verifier, settings.samples)
     if settings.benchmark == "bfcl":

@@ -93,6 +93,8 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     from trajtune.progress import bar, console
 
     settings.validate()
+    if settings.bayes_lora and backend is not None:
+        raise UsageError("--bayes-lora runs the LoRA adapter locally; it cannot score an endpoint's episodes")
     suites = build_suites(settings)  # bad environment / category names fail here, before any loading or writing
     tok = None
     renderer = None
@@ -122,6 +124,7 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     store = EvalStore(out_dir, settings.as_dict(), resume=resume, overwrite=overwrite) if out_dir is not None else None
     for warning in store.warnings if store is not None else []:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+    scorers: list[Any] = []
     try:
         if backend is None:
             from trajtune.models.loading import load_model
@@ -136,6 +139,14 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
                 model.to(device)
             except (RuntimeError, AssertionError, ValueError) as e:  # no such device / no CUDA build
                 raise UsageError(f"cannot run the model on --device {device!r}: {e}") from None
+            if settings.bayes_lora:
+                from trajtune.safety.bayes_lora import BayesLoRAScorer, lora_dropout_rate
+
+                scorers.append(BayesLoRAScorer(model, renderer, settings.bayes_lora, seed=settings.seed))
+                if lora_dropout_rate(model) == 0:
+                    console.print("[yellow]warning:[/yellow] --bayes-lora: the adapter's lora_dropout is 0, so every "
+                                  "pass is the same and the mutual information is 0; train with lora.dropout > 0",
+                                  highlight=False, soft_wrap=True)
             backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
                                 batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
@@ -144,7 +155,8 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         target = settings.env or settings.benchmark
         try:
             with bar(f"eval {target}", total, enabled=not quiet) as adv:
-                return run_evaluation(settings, backend, store=store, progress=adv, suites=suites, judge=judge)
+                return run_evaluation(settings, backend, store=store, progress=adv, suites=suites, judge=judge,
+                                      scorers=scorers)
         except KeyboardInterrupt:
             if store is None:
                 raise Interrupted("interrupted; nothing was stored (give --out DIR to make an evaluation "

@@ -1,0 +1,117 @@
+"""Lessons from experience in the prompt (training-free GRPO, ``algorithm: tfgrpo``).
+
+Why a wrapper: a tfgrpo run changes no weight; what it learns is a short library of natural-language
+lessons, and the frozen model only benefits when they are in its prompt. The same function puts them
+there during the run's rollouts and at ``trajtune eval --experiences PATH``, so the model is evaluated
+on exactly the prompt it was tuned with.
+
+The lessons go at the end of the system message as a numbered list under ``LESSONS_HEADER`` (a system
+message is added when the environment has none); an empty library leaves the prompt unchanged.
+``env: {name: with_experiences, kwargs: {env: home, path: runs/tfgrpo-home}}`` wraps any environment
+in a config.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task, make_env, register_env
+from trajtune.errors import DataError, EnvError, require_input
+from trajtune.schema import Message
+
+LESSONS_HEADER = "Lessons from experience (apply them when they fit the task):"
+
+#: The library file a tfgrpo run writes (and ``--experiences RUN_DIR`` reads).
+EXPERIENCES_FILE = "experiences.json"
+
+
+def lessons_block(lessons: Sequence[str]) -> str:
+    return LESSONS_HEADER + "\n" + "\n".join(f"{i}. {text}" for i, text in enumerate(lessons, 1))
+
+
+def inject_lessons(messages: list[Message], lessons: Sequence[str]) -> list[Message]:
+    """The messages with the lessons appended to the system message (one is put first if there is none)."""
+    if not lessons:
+        return list(messages)
+    out = [m.model_copy(deep=True) for m in messages]
+    block = lessons_block(lessons)
+    system = next((m for m in out if m.role == "system"), None)
+    if system is None:
+        return [Message(role="system", content=block), *out]
+    text = system.text() or ""
+    system.content = f"{text}\n\n{block}" if text else block
+    return out
+
+
+def load_experiences(path: str | Path, option: str = "--experiences") -> list[str]:
+    """The lessons of a tfgrpo run directory, its ``experiences.json``, or a JSON list of strings."""
+    p = require_input(path, option)
+    if p.is_dir():
+        p = require_input(p / EXPERIENCES_FILE, option)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{option} {p}: not valid JSON ({e}); give a tfgrpo run directory or its "
+                        f"{EXPERIENCES_FILE}") from None
+    lib = data.get("experiences") if isinstance(data, dict) else data
+    if isinstance(lib, dict):
+        lib = list(lib.values())
+    if not isinstance(lib, list) or not all(isinstance(x, str) for x in lib):
+        raise DataError(f"{option} {p}: expected {{\"experiences\": {{\"G0\": \"...\", ...}}}} (a tfgrpo run's "
+                        f"{EXPERIENCES_FILE}) or a JSON list of strings")
+    return list(lib)
+
+
+class WithExperiences(Environment):
+    """Any environment whose prompt carries a fixed list of lessons."""
+
+    def __init__(self, inner: Environment, lessons: Sequence[str]):
+        self.inner, self.lessons = inner, list(lessons)
+        self.name = inner.name
+        self.description = inner.description
+        self.max_turns = getattr(inner, "max_turns", 8)
+        self.deterministic = inner.deterministic
+
+    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
+        return self.inner.tasks(split, n, seed)
+
+    def reset(self, task: Task) -> ResetResult:
+        res = self.inner.reset(task)
+        return ResetResult(messages=inject_lessons(list(res.messages), self.lessons), tools=res.tools)
+
+    def step(self, action: Message) -> StepResult:
+        return self.inner.step(action)
+
+    def success(self) -> bool:
+        return self.inner.success()
+
+    def render(self) -> str:
+        return self.inner.render()
+
+    def snapshot(self) -> Any:
+        return self.inner.snapshot()
+
+    def restore(self, state: Any) -> None:
+        self.inner.restore(state)
+
+    def can_snapshot(self) -> bool:
+        return self.inner.can_snapshot()
+
+    def __getattr__(self, name: str) -> Any:  # environment-specific attributes (e.g. a benchmark's failure)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+@register_env("with_experiences")
+def with_experiences(env: str, path: str | None = None, lessons: list[str] | None = None,
+                     kwargs: dict[str, Any] | None = None) -> Environment:
+    """An environment (``env``, with ``kwargs``) whose prompt carries lessons: those of a tfgrpo run
+    (``path``: its directory or experiences.json) or given inline (``lessons``)."""
+    if (path is None) == (lessons is None):
+        raise EnvError("with_experiences: give one of path (a tfgrpo run or its experiences.json) or lessons")
+    return WithExperiences(make_env(env, **(kwargs or {})),
+                           load_experiences(path, "with_experiences.path") if path is not None else lessons or [])

@@ -1,0 +1,1 @@
+"""Agentic safety: refusal detection (``refusal``) for the ``safety`` environment and its metrics."""
