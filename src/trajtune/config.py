@@ -356,7 +356,8 @@ class RunBase(_C):
     """What every training run has. An algorithm's config subclasses it and adds
     ``algorithm: Literal["<name>"] = "<name>"`` (the tag of the run-config union) and its sections."""
 
-    algorithm: str = Field(description="what to train: sft, rl, rft, dpo, tfgrpo (trajtune config show ALGORITHM)")
+    algorithm: str = Field(description="what to train: sft, rl, rft, dpo, tfgrpo, dualtune (trajtune config show "
+                                                "ALGORITHM)")
     model: ModelSpec = Field(description="the model to start from (a string is short for model.name_or_path)")
     output_dir: str = Field(description="the run directory; an existing one is refused unless --overwrite or "
                                         "--resume")
@@ -403,7 +404,7 @@ def __getattr__(name: str) -> Any:
     from here."""
     where = {"SFTRunConfig": "trajtune.algorithms.sft", "RLRunConfig": "trajtune.algorithms.rl",
              "RLSpec": "trajtune.algorithms.rl", "RFTRunConfig": "trajtune.algorithms.rft",
-             "DPORunConfig": "trajtune.algorithms.dpo"}
+             "DPORunConfig": "trajtune.algorithms.dpo", "DualTuneRunConfig": "trajtune.algorithms.dualtune"}
     if name in where:
         import importlib
 

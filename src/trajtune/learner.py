@@ -262,7 +262,7 @@ class Learner:
             torch.save(source_state, tmp / "source_state.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
         normal_permissions(tmp)
-        for f in tmp.iterdir():
+        for f in (f for f in tmp.rglob("*") if f.is_file()):  # peft puts extra adapters in sub-directories
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
         if final.exists():
@@ -328,7 +328,9 @@ class Learner:
         if is_peft(model):
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(model, load_file(ckpt / "adapter_model.safetensors"))
+            for name in model.peft_config:  # peft's layout: the default adapter on top, others in sub-directories
+                sub = ckpt if name == "default" else ckpt / name
+                set_peft_model_state_dict(model, load_file(sub / "adapter_model.safetensors"), adapter_name=name)
         else:
             state = load_file(ckpt / "model.safetensors")
             missing, unexpected = model.load_state_dict(state, strict=False)

@@ -235,6 +235,12 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
     live: list[_Live] = []
     next_i = 0
     round_no = 0
+    if sampler is None:
+        from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
+
+        spec = dualtune_spec(model)
+        if spec is not None:  # a DualTune model: the selector picks the tool, its adapter writes the arguments
+            sampler = DualTuneSampler(model, tok, spec, cfg.temperature, cfg.top_p, eot_ids)
     if sampler is None and cfg.reuse_kv_cache and supports_cache(model):
         sampler = CachedSampler(model, cfg.temperature, cfg.top_p, eot_ids)
     while True:

@@ -403,6 +403,8 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
     result: dict[str, Any] = {"step": learner.step, "final": str(final), **recipe.result, "last": last}
     if not dist.is_main():  # rank 0 evaluates and writes the artifacts
         return result
+    if recipe.on_final is not None:
+        recipe.on_final(final)
     if recipe.plot is not None:
         name, keys, title = recipe.plot
         plot_metrics(out / "metrics.jsonl", out / name, list(keys), title)

@@ -26,6 +26,8 @@ class Batch:
     size: int
     values: torch.Tensor | None = None  # [B, T] float: V_old of the state before token t (a value head's runs)
     returns: torch.Tensor | None = None  # [B, T] float: the value head's targets
+    #: per row, the LoRA adapter its loss trains (``meta["adapter"]``; DualTune), None when no row names one
+    adapters: list[str] | None = None
 
     def loss_mask(self) -> torch.Tensor:
         """1.0 on trained policy tokens (source policy and weight > 0), shifted to target positions."""
@@ -67,7 +69,8 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
         rewards[r] = float(t.reward or 0.0)
         for k, v in extra.items():
             v[r, :n] = torch.tensor(t.meta[k][:n], dtype=torch.float)
-    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra)
+    adapters = [t.meta.get("adapter", "default") for t in tts] if any("adapter" in t.meta for t in tts) else None
+    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters)
 
 
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,8 @@ from trajtune.errors import ConfigError
 #: Modules that register the built-in algorithms (imported on first use, so importing the registry
 #: stays cheap and the config module never imports torch).
 BUILTIN_MODULES = ("trajtune.algorithms.sft", "trajtune.algorithms.rl", "trajtune.algorithms.rft",
-                   "trajtune.algorithms.dpo", "trajtune.algorithms.tfgrpo")
+                   "trajtune.algorithms.dpo", "trajtune.algorithms.tfgrpo",
+                   "trajtune.algorithms.dualtune")
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Recipe:
     plot: tuple[str, tuple[str, ...], str] | None = None  # (file name, metrics, title)
     on_resume: Callable[[int], None] | None = None  # told the step a run resumes from
     on_weights: Callable[[int, Any], None] | None = None  # told (step, model) after each step's updates
+    on_final: Callable[[Path], None] | None = None  # told the final directory once it is saved (rank 0)
 
 
 @dataclass

@@ -50,12 +50,13 @@ def _train(config: Path, set_: list[str] | None, algorithm: str | None, overwrit
 
 def train(config: ConfigOpt, set_: SetOpt = None, overwrite: OverwriteOpt = False, resume: ResumeOpt = False,
           allow_config_change: AllowChangeOpt = False, quiet: QuietOpt = False) -> None:
-    """Train with any algorithm; the config's `algorithm:` key picks it (sft, rl, rft, dpo, tfgrpo).
+    """Train with any algorithm; the config's `algorithm:` key picks it (sft, rl, rft, dpo, tfgrpo, dualtune).
 
     sft: supervised fine-tuning on trajectories. rl: online RL in an environment (GRPO family).
     rft: rejection-sampling fine-tuning on the policy's own verified successes (+ expert-failure
     mining with rft.eef). dpo: preference optimisation on pairs from a file or mined from rollouts.
     tfgrpo: training-free GRPO, a library of prompt lessons learned with the weights frozen.
+    dualtune: decoupled tool calling, a selector LoRA adapter + one argument adapter per tool.
     See docs/algorithms.md.
 
     Example: trajtune train --config examples/rft_home.yaml --set rft.k=8

@@ -77,8 +77,10 @@ class HFBackend:
     def complete(self, prompts: Sequence[Prompt], *, seed: int) -> list[str | None]:
         import torch
 
+        from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
         from trajtune.rollout import _generate  # the rollout's own sampler: same decoding as RL
 
+        spec = dualtune_spec(self.model)
         eot = self.renderer.stop_ids()
         cfg = self._config(1)
         out: list[str | None] = [None] * len(prompts)
@@ -91,7 +93,11 @@ class HFBackend:
                 rows = fits[b0:b0 + self.batch_size]
                 room = [min(self.max_new_tokens, self.max_length - len(seqs[i])) for i in rows]
                 with torch.no_grad():
-                    gens = _generate(self.model, self.tok, [seqs[i] for i in rows], room, cfg, eot, seed + b0)
+                    if spec is not None:  # two-stage decoding (dualtune_decode)
+                        sampler = DualTuneSampler(self.model, self.tok, spec, cfg.temperature, cfg.top_p, eot)
+                        gens = [g[:3] for g in sampler.turn([(None, seqs[i]) for i in rows], room, seed + b0)]
+                    else:
+                        gens = _generate(self.model, self.tok, [seqs[i] for i in rows], room, cfg, eot, seed + b0)
                 for i, (ids, _lps, ended) in zip(rows, gens):
                     out[i] = self.tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
         finally:

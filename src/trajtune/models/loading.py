@@ -85,6 +85,10 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
             model = PeftModel.from_pretrained(model, src.path, is_trainable=trainable and lora is None)
             if lora is not None:
                 model = model.merge_and_unload()
+            elif not trainable:  # a DualTune directory, for inference: its argument adapters too (dualtune_decode)
+                from trajtune.dualtune_decode import load_dualtune_adapters
+
+                model = load_dualtune_adapters(model, src.path)
         else:
             model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
     except OSError as e:

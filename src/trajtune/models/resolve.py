@@ -61,6 +61,9 @@ def resolve_model(name: str, *, notify: Callable[[str], None] | None = _notify) 
     if name.lower().endswith(".gguf"):
         return ResolvedModel(str(convert_gguf(p, notify=notify)), "gguf")
     if p.is_dir():
+        if not any((p / f).exists() for f in _HF_FILES) and (p / "result.json").is_file() \
+                and any((p / "final" / f).exists() for f in _HF_FILES):
+            p = p / "final"  # a finished training run stands for its final model (e.g. trajtune eval --model RUN)
         if not any((p / f).exists() for f in _HF_FILES):
             raise ModelLoadError(f"{name!r} is a directory without config.json, adapter_config.json or "
                                  "tokenizer_config.json: not a saved Hugging Face model")
