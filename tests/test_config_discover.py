@@ -71,7 +71,8 @@ def test_config_show_lists_every_key_with_default_and_description():
     y = runner.invoke(app, ["config", "show", "sft", "--yaml"])
     assert y.exit_code == 0 and yaml.safe_load(y.output)["algorithm"] == "sft"
     bad = runner.invoke(app, ["config", "show", "ppo"])
-    assert bad.exit_code == 2 and "known: dpo, rft, rl, sft" in bad.output
+    assert bad.exit_code == 2 and f"known: {', '.join(sorted(algorithms()))}" in bad.output
+    assert "dualtune" in bad.output and "tfgrpo" in bad.output
 
 
 def test_a_mistyped_key_gets_did_you_mean(tmp_path):

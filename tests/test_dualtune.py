@@ -310,8 +310,7 @@ def test_dualtune_config_refuses_settings_that_would_do_nothing(tmp_path):
     from trajtune.errors import ConfigError
 
     base = "algorithm: dualtune\noutput_dir: runs/x\ndata: {path: d.jsonl}\n"
-    cases = {"model: m\n": "set model.lora",
-             "model: {name_or_path: m, lora: {r: 4}}\ndualtune: {adapters: arguments, selector_learns: names}\n":
+    cases = {"model: {name_or_path: m, lora: {r: 4}}\ndualtune: {adapters: arguments, selector_learns: names}\n":
                  "selector_learns does nothing",
              "model: {name_or_path: m, lora: {r: 4}}\ndualtune: {adapters: selector, arguments: shared}\n":
                  "arguments does nothing"}
@@ -319,3 +318,5 @@ def test_dualtune_config_refuses_settings_that_would_do_nothing(tmp_path):
         (tmp_path / "c.yaml").write_text(base + extra)
         with pytest.raises(ConfigError, match=msg):
             load_run_config(tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text(base + "model: m\n")  # without model.lora: LoRA with its defaults
+    assert load_run_config(tmp_path / "c.yaml").model.lora.r == 8

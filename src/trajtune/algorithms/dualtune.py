@@ -280,9 +280,10 @@ class DualTuneRunConfig(RunBase):
 
     @model_validator(mode="after")
     def _needs_lora(self) -> "DualTuneRunConfig":
-        if self.model.lora is None:
-            raise ValueError("algorithm: dualtune trains LoRA adapters: set model.lora (e.g. model: {name_or_path: "
-                             "..., lora: {r: 8}})")
+        if self.model.lora is None:  # DualTune is adapters by definition: model.lora's defaults unless set
+            from trajtune.models.loading import LoraConfig
+
+            self.model.lora = LoraConfig()
         if self.data.format == "text":
             raise ValueError("algorithm: dualtune needs conversations with tool calls, not data.format: text")
         if self.data.train_on == "all_tokens":
