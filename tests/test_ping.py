@@ -456,3 +456,18 @@ def test_the_policy_proposer_writes_with_the_model_and_falls_back_on_garbage(tin
     got = proposer.propose(None, [], 3, random.Random(0))
     assert got.failures >= 1 and got.fallback == 3  # a tiny random model writes no JSON list of prefixes
     assert got.prefixes == TemplateProposer().propose(None, [], 3, random.Random(0)).prefixes
+
+
+@pytest.mark.parametrize("best_score,warned", [(1.0, True), (1.5, False)])
+def test_cli_ping_warns_when_no_prefix_beats_the_model_without_one(monkeypatch, tmp_path, best_score, warned):
+    import trajtune.safety.ping as ping_mod
+
+    def fake_run(settings, out, overwrite=False, on_round=None):
+        best = {"prefix": "Be careful.\n", "score": best_score, "benign": best_score / 2, "harmful": best_score / 2}
+        return {"best": best, "baseline": {"prefix": "", "score": 1.4, "benign": 0.6, "harmful": 0.8},
+                "proposer": "template", "proposer_failures": {}, "rounds": [], "path": str(out / "ping.json")}
+
+    monkeypatch.setattr(ping_mod, "run_ping", fake_run)
+    r = _cli("ping", "--model", "unused", "--env", "ping_fake", "--out", tmp_path / "p")
+    assert r.exit_code == 0, r.output
+    assert ("no prefix scored above the model without one" in r.output) is warned

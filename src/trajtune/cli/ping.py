@@ -81,6 +81,10 @@ def ping_cmd(
         best = result["best"]
         console.print(f"best: {best['score']:.3f} (benign {best['benign']:.3f}, harmful {best['harmful']:.3f}) "
                       f"{best['prefix']!r} -> {result['path']}", highlight=False, soft_wrap=True)
+    base = result.get("baseline")
+    if base and result["best"]["score"] <= base["score"]:  # said even with --quiet: the prefix would hurt
+        console.print(f"[yellow]warning:[/] no prefix scored above the model without one ({result['best']['score']:.3f} "
+                      f"<= {base['score']:.3f}); injecting the best one would make this model worse")
     shown = {k: result[k] for k in ("best", "baseline", "proposer", "proposer_failures", "rounds", "path")}
     typer.echo(json.dumps(shown, indent=1, ensure_ascii=False))
 
