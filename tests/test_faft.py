@@ -105,3 +105,19 @@ def test_rollouts_record_the_feedback(tiny_tok, tiny_model):
     assert [e.trajectory.metadata["feedback"] for e in eps] == ["no plan was submitted"] * 2
     assert all(e.trajectory.metadata["reward_info"] == {"schema_valid": 0.0, "constraints": 0.0, "pass": 0.0}
                for e in eps)
+
+
+def test_the_feedback_slot_keeps_the_wrapped_environments_snapshots():
+    from trajtune.envs import make_env
+    from trajtune.schema import Message, ToolCall
+
+    env = make_env("feedback_slot", env="trip")
+    assert env.can_snapshot()
+    task = env.tasks("test", 1, seed=0)[0]
+    env.reset(task)
+    state = env.snapshot()
+    search = Message(role="assistant", tool_calls=[ToolCall(id="c1", name="search_flights", arguments={
+        "origin": task.data["origin"], "destination": task.data["destination"]})])
+    first = env.step(search).observations[0].content
+    env.restore(state)  # back before the search: the same call answers the same again
+    assert env.step(search).observations[0].content == first

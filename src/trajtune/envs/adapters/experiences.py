@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, make_env, register_env
+from trajtune.envs.adapters.prompt_wrapper import PromptWrapper
+from trajtune.envs.base import Environment, make_env, register_env
 from trajtune.errors import DataError, EnvError, require_input
 from trajtune.schema import Message
 
@@ -65,45 +66,15 @@ def load_experiences(path: str | Path, option: str = "--experiences") -> list[st
     return list(lib)
 
 
-class WithExperiences(Environment):
+class WithExperiences(PromptWrapper):
     """Any environment whose prompt carries a fixed list of lessons."""
 
     def __init__(self, inner: Environment, lessons: Sequence[str]):
-        self.inner, self.lessons = inner, list(lessons)
-        self.name = inner.name
-        self.description = inner.description
-        self.max_turns = getattr(inner, "max_turns", 8)
-        self.deterministic = inner.deterministic
+        super().__init__(inner)
+        self.lessons = list(lessons)
 
-    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
-        return self.inner.tasks(split, n, seed)
-
-    def reset(self, task: Task) -> ResetResult:
-        res = self.inner.reset(task)
-        return ResetResult(messages=inject_lessons(list(res.messages), self.lessons), tools=res.tools)
-
-    def step(self, action: Message) -> StepResult:
-        return self.inner.step(action)
-
-    def success(self) -> bool:
-        return self.inner.success()
-
-    def render(self) -> str:
-        return self.inner.render()
-
-    def snapshot(self) -> Any:
-        return self.inner.snapshot()
-
-    def restore(self, state: Any) -> None:
-        self.inner.restore(state)
-
-    def can_snapshot(self) -> bool:
-        return self.inner.can_snapshot()
-
-    def __getattr__(self, name: str) -> Any:  # environment-specific attributes (e.g. a benchmark's failure)
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    def rewrite(self, messages: list[Message]) -> list[Message]:
+        return inject_lessons(messages, self.lessons)
 
 
 @register_env("with_experiences")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, make_env, register_env
+from trajtune.envs.adapters.prompt_wrapper import PromptWrapper
+from trajtune.envs.base import Environment, make_env, register_env
 from trajtune.schema import Message
 
 FEEDBACK_PREFIX = "Feedback on the answer to this request: "
@@ -26,31 +27,15 @@ def add_feedback(messages: list[Message], text: str) -> list[Message]:
     return out
 
 
-class FeedbackSlot(Environment):
+class FeedbackSlot(PromptWrapper):
     """An environment whose request carries a fixed feedback slot (FAFT at inference)."""
 
     def __init__(self, inner: Environment, text: str):
-        self.inner, self.text = inner, text
-        self.name = inner.name
-        self.description = f"{inner.description} (with the feedback slot {text!r})"
-        self.max_turns = getattr(inner, "max_turns", 8)
-        self.deterministic = inner.deterministic
+        super().__init__(inner, f"{inner.description} (with the feedback slot {text!r})")
+        self.text = text
 
-    def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
-        return self.inner.tasks(split, n, seed)
-
-    def reset(self, task: Task) -> ResetResult:
-        res = self.inner.reset(task)
-        return ResetResult(messages=add_feedback(list(res.messages), self.text), tools=res.tools)
-
-    def step(self, action: Message) -> StepResult:
-        return self.inner.step(action)
-
-    def success(self) -> bool:
-        return self.inner.success()
-
-    def render(self) -> str:
-        return self.inner.render()
+    def rewrite(self, messages: list[Message]) -> list[Message]:
+        return add_feedback(messages, self.text)
 
 
 @register_env("feedback_slot")
