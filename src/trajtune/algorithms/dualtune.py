@@ -41,7 +41,7 @@ from pydantic import Field, model_validator
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
-from trajtune.algorithms.sft import SFTObjective, critical_steps, load_records, mask_errors, render_training_data
+from trajtune.algorithms.sft import SFTObjective, conversation_data
 from trajtune.chat.call_spans import call_splits
 from trajtune.config import DataSpec, RunBase, _C
 from trajtune.errors import DataError, require_input
@@ -301,16 +301,7 @@ class DualTuneRunConfig(RunBase):
 
 def _prepare(cfg: DualTuneRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory], dict[str, str], dict[str, Any]]:
     require_input(cfg.data.path, "data.path")
-    trajs, load = load_records(cfg.data)
-    faft: dict[str, Any] = {}
-    if cfg.data.faft:
-        from trajtune.algorithms.faft import faft_records
-
-        trajs, faft = faft_records(trajs)
-    trajs, masked = mask_errors(trajs, cfg.data)
-    trajs, critical = critical_steps(trajs, cfg.data)
-    tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length,
-                                       cfg.data.truncation, ctx.quiet)
+    trajs, tts, counts = conversation_data(cfg.data, ctx)
     n_calls = sum(len(m.tool_calls or []) for t in trajs for m in t.messages if m.role == "assistant")
     copies, tool_adapters, per_adapter = split_by_adapter(tts, ctx.tokenizer, cfg.dualtune)
     if n_calls and not tool_adapters:
@@ -321,12 +312,7 @@ def _prepare(cfg: DualTuneRunConfig, ctx: RunContext) -> tuple[list[TokenTraject
         raise DataError(f"{cfg.data.path}: no token trains any adapter (dualtune.adapters: {cfg.dualtune.adapters}; "
                         "the data needs tool calls)")
     return copies, tool_adapters, {
-        "train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
-        "invalid_skipped": load.skipped, "dropped_records": counts["dropped_records"],
-        "dualtune": {"tools": tool_adapters, "trained_tokens": dict(sorted(per_adapter.items()))},
-        **({"error_turns_masked": masked} if cfg.data.mask_errors else {}),
-        **({"critical_steps": critical} if critical else {}),
-        **({"faft": faft} if faft else {})}
+        **counts, "dualtune": {"tools": tool_adapters, "trained_tokens": dict(sorted(per_adapter.items()))}}
 
 
 def _build(cfg: DualTuneRunConfig, ctx: RunContext,

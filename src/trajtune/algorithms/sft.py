@@ -194,27 +194,34 @@ def pack_documents(path: str, tokenizer: Any, max_length: int) -> tuple[list[Tok
     return tts, {"train_records": len(tts), "documents": n_docs, "tokens": len(stream)}
 
 
+def conversation_data(data: Any, ctx: RunContext) -> tuple[list[Any], list[TokenTrajectory], dict[str, Any]]:
+    """The records of ``data`` (a DataSpec of conversations) through the per-turn weight transforms
+    (FAFT, error masks, critical steps), rendered: (trajectories, token trajectories, the counts
+    result.json reports). Every algorithm that trains on conversations shares it."""
+    trajs, load = load_records(data)
+    faft: dict[str, Any] = {}
+    if data.faft:
+        from trajtune.algorithms.faft import faft_records
+
+        trajs, faft = faft_records(trajs)
+    trajs, masked = mask_errors(trajs, data)
+    trajs, critical = critical_steps(trajs, data)
+    tts, counts = render_training_data(trajs, ctx.renderer, data.path, data.max_length, data.truncation, ctx.quiet)
+    return trajs, tts, {"train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
+                        "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
+                        "dropped_records": counts["dropped_records"],
+                        **({"error_turns_masked": masked} if data.mask_errors else {}),
+                        **({"critical_steps": critical} if critical else {}),
+                        **({"faft": faft} if faft else {})}
+
+
 def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory], dict[str, Any]]:
     require_input(cfg.data.path, "data.path")
     if cfg.data.format == "text":
         tts, counts = pack_documents(cfg.data.path, ctx.tokenizer, cfg.data.max_length)
         return tts, counts
-    trajs, load = load_records(cfg.data)
-    faft: dict[str, Any] = {}
-    if cfg.data.faft:
-        from trajtune.algorithms.faft import faft_records
-
-        trajs, faft = faft_records(trajs)
-    trajs, masked = mask_errors(trajs, cfg.data)
-    trajs, critical = critical_steps(trajs, cfg.data)
-    tts, counts = render_training_data(trajs, ctx.renderer, cfg.data.path, cfg.data.max_length, cfg.data.truncation,
-                                       ctx.quiet)
-    return tts, {"train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
-                 "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
-                 "dropped_records": counts["dropped_records"],
-                 **({"error_turns_masked": masked} if cfg.data.mask_errors else {}),
-                 **({"critical_steps": critical} if critical else {}),
-                 **({"faft": faft} if faft else {})}
+    _, tts, counts = conversation_data(cfg.data, ctx)
+    return tts, counts
 
 
 def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:
