@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,10 +22,12 @@ runner = CliRunner()
 
 
 class FakeJudgeServer:
-    """A stdlib OpenAI-compatible server that answers chat completions with scripted replies, in order."""
+    """A stdlib OpenAI-compatible server that answers chat completions with scripted replies, in order,
+    or with what ``replies`` (a function of the request body) returns."""
 
-    def __init__(self, replies: list[str]):
-        self.replies, self.requests = list(replies), []
+    def __init__(self, replies: list[str] | Callable[[dict], str]):
+        self.replies = replies if callable(replies) else list(replies)
+        self.requests: list[dict] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,7 +48,8 @@ class FakeJudgeServer:
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append(body)
-                text = fake.replies[(len(fake.requests) - 1) % len(fake.replies)]
+                text = (fake.replies(body) if callable(fake.replies)
+                        else fake.replies[(len(fake.requests) - 1) % len(fake.replies)])
                 self._send({"object": "chat.completion", "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]})
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -137,56 +135,24 @@ def test_config_refuses_settings_that_would_do_nothing():
 # -- runs with a stub LLM ------------------------------------------------------------------------
 
 
-class StubLLM:
-    """An OpenAI-compatible endpoint: summaries are one sentence; a comparison on an empty library adds
-    two lessons (and a third, over the cap), on a non-empty one updates G0 and deletes G1."""
-
-    def __init__(self):
-        self.requests: list[dict] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _send(self, payload):
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):  # noqa: N802
-                self._send({"object": "list", "data": [{"id": "stub", "object": "model"}]})
-
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append(body)
-                system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
-                if "review one attempt" in system:
-                    text = "The agent replied once."
-                elif "(none yet)" in user:
-                    text = json.dumps([{"op": "ADD", "text": "Keep the reply short."},
-                                       {"op": "ADD", "text": "Count the characters."},
-                                       {"op": "ADD", "text": "Over the cap."}])
-                else:
-                    text = json.dumps([{"op": "UPDATE", "id": "G0", "text": "Keep the reply short and even."},
-                                       {"op": "DELETE", "id": "G1"}])
-                self._send({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
-
-        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/v1"
-        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.srv.shutdown()
-        self.srv.server_close()
+def stub_llm_reply(body: dict) -> str:
+    """The lesson LLM: summaries are one sentence; a comparison on an empty library adds two lessons
+    (and a third, over the cap), on a non-empty one updates G0 and deletes G1."""
+    system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+    if "review one attempt" in system:
+        return "The agent replied once."
+    if "(none yet)" in user:
+        return json.dumps([{"op": "ADD", "text": "Keep the reply short."}, {"op": "ADD", "text": "Count the characters."},
+                           {"op": "ADD", "text": "Over the cap."}])
+    return json.dumps([{"op": "UPDATE", "id": "G0", "text": "Keep the reply short and even."},
+                       {"op": "DELETE", "id": "G1"}])
 
 
 @pytest.fixture()
 def stub_llm():
-    srv = StubLLM()
+    from test_judge import FakeJudgeServer
+
+    srv = FakeJudgeServer(stub_llm_reply)
     yield srv
     srv.close()
 
