@@ -45,3 +45,16 @@ def test_missing_and_non_model_paths_are_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="not a saved Hugging Face model"):
         load_tokenizer(str(tmp_path / "empty"))
+
+
+def test_to_device_moves_the_model_and_a_device_the_machine_lacks_is_a_usage_error():
+    import torch
+
+    from trajtune.errors import UsageError
+    from trajtune.models.loading import to_device
+
+    layer = torch.nn.Linear(2, 2)
+    assert to_device(layer, "cpu") is layer and layer.weight.device.type == "cpu"
+    assert to_device(layer).weight.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(UsageError, match="cannot run the model on --device 'nodevice'"):
+        to_device(layer, "nodevice")

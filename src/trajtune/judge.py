@@ -250,15 +250,11 @@ def make_judge(spec: str, *, model: str = "default", rubric: str | None = None, 
         policy = endpoint_policy(spec, model, option="--judge")
         return Judge(policy.post, name=spec, model=model, rubric=text, max_tokens=max_tokens, workers=workers)
     from trajtune.chat.render import ChatRenderer
-    from trajtune.models.loading import load_model, load_tokenizer
+    from trajtune.models.loading import load_model, load_tokenizer, to_device
     from trajtune.serve import ChatService
 
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = load_tokenizer(spec)
-    local = load_model(spec, trainable=False).to(device)
+    local = to_device(load_model(spec, trainable=False), device)
     service = ChatService(local, tok, ChatRenderer(tok), name=spec, max_tokens=max_tokens)
     return Judge(service.complete, name=spec, model=spec, rubric=text, max_tokens=max_tokens, workers=1)
 

@@ -45,12 +45,6 @@ def _emit(result: dict[str, Any], out: Path | None) -> None:
     typer.echo(text)
 
 
-def _device(device: str) -> str:
-    import torch
-
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-
-
 @probe_app.command("privacy")
 def privacy(
     model: Annotated[str, typer.Option("--model", "-m", help="The fine-tuned model: alias, path, HF id or LoRA "
@@ -66,7 +60,7 @@ def privacy(
 
     Example: trajtune probe privacy --model runs/sft/final --canaries data/canaries.json --out privacy.json
     """
-    from trajtune.models.loading import load_model, load_tokenizer
+    from trajtune.models.loading import load_model, load_tokenizer, to_device
     from trajtune.safety.canaries import extraction_rate, load_sidecar
 
     if batch_size < 1:
@@ -74,11 +68,7 @@ def privacy(
     _check_out(out, overwrite)
     doc = load_sidecar(canaries)
     tok = load_tokenizer(model)
-    m = load_model(model, trainable=False)
-    try:
-        m.to(_device(device))
-    except (RuntimeError, AssertionError, ValueError) as e:
-        raise UsageError(f"cannot run the model on --device {device!r}: {e}") from None
+    m = to_device(load_model(model, trainable=False), device)
     result = {"model": model, "canaries_file": str(canaries), **extraction_rate(m, tok, doc, batch_size=batch_size)}
     typer.echo(f"extraction rate: {result['extracted']}/{result['n']} = {result['extraction_rate']:.3f}", err=True)
     _emit(result, out)

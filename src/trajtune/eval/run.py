@@ -127,18 +127,9 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     scorers: list[Any] = []
     try:
         if backend is None:
-            from trajtune.models.loading import load_model
+            from trajtune.models.loading import load_model, to_device
 
-            model = load_model(settings.model, trainable=False)
-            device = settings.device
-            if device == "auto":
-                import torch
-
-                device = "cuda" if torch.cuda.is_available() else "cpu"
-            try:
-                model.to(device)
-            except (RuntimeError, AssertionError, ValueError) as e:  # no such device / no CUDA build
-                raise UsageError(f"cannot run the model on --device {device!r}: {e}") from None
+            model = to_device(load_model(settings.model, trainable=False), settings.device)
             if settings.bayes_lora:
                 from trajtune.safety.bayes_lora import BayesLoRAScorer, lora_dropout_rate
 

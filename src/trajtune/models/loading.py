@@ -58,6 +58,21 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     return tok
 
 
+def to_device(model: Any, device: str = "auto") -> Any:
+    """``model`` moved to ``device`` (``auto``: CUDA when this machine has it, else the CPU). A device
+    the machine lacks is the user's to fix, so it is a one-line error naming --device, not a traceback."""
+    from trajtune.errors import UsageError
+
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return model.to(device)
+    except (RuntimeError, AssertionError, ValueError) as e:  # no such device / no CUDA build
+        raise UsageError(f"cannot run the model on --device {device!r}: {e}") from None
+
+
 def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str = "auto",
                trainable: bool = True, gradient_checkpointing: bool = False) -> Any:
     """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given.

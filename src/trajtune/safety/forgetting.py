@@ -89,16 +89,10 @@ def text_nll(model: Any, tokenizer: Any, paragraphs: list[str], *, max_length: i
 
 
 def _load(name: str, device: str) -> tuple[Any, Any]:
-    import torch
-
-    from trajtune.models.loading import load_model, load_tokenizer
+    from trajtune.models.loading import load_model, load_tokenizer, to_device
 
     tok = load_tokenizer(name)
-    model = load_model(name, trainable=False)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    return model, tok
+    return to_device(load_model(name, trainable=False), device), tok
 
 
 def text_forgetting(base: str, model: str, *, text: str | Path | None = None, max_length: int = 512,
