@@ -299,6 +299,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     temperature = ro.temperature if ro.temperature > 0 else 1.0
     ref = ctx.load_reference() if r.kl_coef > 0 and ctx.load_reference else None
     tok = ctx.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     per_round, per_batch = rl_transforms(
         estimator=r.estimator, termination=dict(r.termination),
         drop_equal_groups=r.drop_equal_groups or r.dynamic_sampling is not None, whitening=r.whitening,
@@ -307,8 +308,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         value_weight=(r.mc_critic or MCCriticSpec()).value_weight if r.credit == "mc_critic" else 0.0,
         whiten_advantages=(r.value or ValueSpec()).whiten_advantages,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
-        ref_model=ref, pad_id=tok.pad_token_id if tok.pad_token_id is not None else 0, temperature=temperature)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        ref_model=ref, pad_id=pad_id, temperature=temperature)
     composer = RewardComposer(r.reward) if r.reward is not None else None
     critic: Any = MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro, tok,
                            ctx.renderer, cfg.seed, shape=_mc_shaping(r, composer),
@@ -334,14 +334,14 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         source, on_weights = _through_server(source, prepared, cfg, ctx)
     if r.async_rollouts:
         source = _one_step_ahead(source, cfg, ctx)
-    objective = PolicyGradientObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation,
-                                        r.norm_length, temperature)
-    if head is not None:
+    surrogate = (r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation, r.norm_length, temperature)
+    if head is None:
+        objective = PolicyGradientObjective(*surrogate)
+    else:
         from trajtune.algorithms.value import ValueObjective
 
         v = r.value or ValueSpec()
-        objective = ValueObjective(r.clip_low, r.clip_high, r.kl_coef, r.kl_estimator, r.aggregation, r.norm_length,
-                                   temperature, head=head, vf_coef=v.vf_coef, value_clip=v.clip)
+        objective = ValueObjective(*surrogate, head=head, vf_coef=v.vf_coef, value_clip=v.clip)
     return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
                   epochs=r.ppo_epochs, mini_batches=r.mini_batches, step_logs=[episodes_path],
                   shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"),
