@@ -91,6 +91,14 @@ class TermsHome(HomeEnv):
         return res
 
 
+def fails_on_give_up(traj) -> float:
+    """A reward plug-in with a bug: it raises on some episodes."""
+    last = next(m for m in reversed(traj.messages) if m.role == "assistant")
+    if "give up" in (last.text() or ""):
+        raise ValueError("cannot score a surrender")
+    return 0.5
+
+
 def mentions_done(traj) -> float:
     """A reward plug-in: 1 if the final assistant message says Done."""
     last = next((m for m in reversed(traj.messages) if m.role == "assistant"), None)

@@ -270,3 +270,62 @@ def test_system_prompt_can_be_left_out_like_single_turn_benchmarks():
     assert [m.role for m in traj.messages] == ["user", "assistant"]
     with_system = make_env("fncall", single_turn=True).expert(task)
     assert with_system.messages[0].role == "system" and with_system.messages[1:] == traj.messages
+
+
+# -- the decomposed call reward (info["reward_terms"]) ---------------------------------------------
+
+def terms(args=None, name="weather.get_forecast", raw=None, calls=None):
+    from trajtune.envs.fncall import call_terms
+
+    if calls is None:
+        calls = [ToolCall(id="c1", name=name, arguments=args, arguments_raw=raw)]
+    return call_terms(Message(role="assistant", tool_calls=calls), TARGET, SCHEMA)
+
+
+def test_call_terms_of_the_right_call_are_all_one():
+    assert terms(GOOD) == {"call_format": 1.0, "call_name": 1.0, "call_required": 1.0, "call_types": 1.0,
+                           "call_values": 1.0}
+
+
+def test_call_terms_count_parts_by_hand():
+    # SCHEMA requires 5 (city days rate unit scores); TARGET expects 6 (the 5 + hourly)
+    no_days = {k: v for k, v in GOOD.items() if k != "days"}
+    assert terms(no_days) == {"call_format": 1.0, "call_name": 1.0, "call_required": 4 / 5, "call_types": 1.0,
+                              "call_values": 5 / 6}
+    # a string for the integer: present (required ok), 1 of 6 given has the wrong type, its value is wrong
+    assert terms({**GOOD, "days": "5"}) == {"call_format": 1.0, "call_name": 1.0, "call_required": 1.0,
+                                            "call_types": 5 / 6, "call_values": 5 / 6}
+    # an unknown parameter: wrong type (the schema lacks it) and a wrong value over 7 keys
+    t = terms({**GOOD, "country": "US"})
+    assert t["call_types"] == 6 / 7 and t["call_values"] == 6 / 7 and t["call_required"] == 1.0
+    # an unasked optional at its default is right; away from it, wrong
+    assert terms({**GOOD, "limit": 10})["call_values"] == 1.0
+    assert terms({**GOOD, "limit": 3})["call_values"] == 6 / 7
+    # two wrong values of six
+    assert terms({**GOOD, "city": "Newark", "unit": "imperial"})["call_values"] == 4 / 6
+
+
+def test_call_terms_of_calls_that_are_not_json_wrong_name_or_not_one_call():
+    zero = dict.fromkeys(["call_format", "call_name", "call_required", "call_types", "call_values"], 0.0)
+    assert terms(raw='{"city": "New York", "days": 5C}') == {**zero, "call_name": 1.0}  # a number with its unit
+    assert terms(GOOD, name="weather.get_weather") == {**zero, "call_format": 1.0}
+    assert terms(calls=[]) == zero
+    two = [ToolCall(id=f"c{i}", name=TARGET["name"], arguments=GOOD) for i in range(2)]
+    assert terms(calls=two) == zero
+    assert terms({}) == {"call_format": 1.0, "call_name": 1.0, "call_required": 0.0, "call_types": 0.0,
+                         "call_values": 0.0}
+
+
+def test_the_environment_reports_the_call_terms_on_the_call_turn():
+    env = make_env("fncall", single_turn=True)
+    task = env.tasks("train", 1, seed=3)[0]
+    env.reset(task)
+    target = task.data["target"]
+    args = dict(target["arguments"])
+    first = next(iter(args))
+    args.pop(first)
+    res = env.step(Message(role="assistant", tool_calls=[ToolCall(id="c", name=target["name"], arguments=args)]))
+    rt = res.info["reward_terms"]
+    assert rt["call_format"] == 1.0 and rt["call_name"] == 1.0
+    assert rt["call_values"] == pytest.approx((len(target["arguments"]) - 1) / len(target["arguments"]))
+    assert res.reward == 0.0

@@ -46,7 +46,23 @@ def test_composed_reward_and_per_term_metrics_with_known_numbers():
     assert a.trajectory.metadata["reward_terms"]["length"] == 10.0
     assert m == pytest.approx({"reward/env": 0.25, "reward/success": 0.5, "reward/format": 0.5, "reward/length": 20.0,
                                "reward/turns": 3.0, "reward/info.calls": 3.0, "reward/envfixtures:mentions_done": 0.5,
-                               "reward_stage": 0.0})
+                               "reward/errors": 0.0, "reward_stage": 0.0})
+
+
+def test_a_plugin_that_raises_is_counted_as_a_reward_error_not_a_crash(capsys):
+    spec = RewardSpec(terms={"env": 1.0, "envfixtures:fails_on_give_up": 1.0})
+    composer = RewardComposer(spec)
+    good = _episode(1.0, True, 3, 1)
+    bad = _episode(0.0, False, 3, 1, last="I give up")
+    m = composer(0, [good, bad, _episode(0.0, False, 3, 1, last="I give up")])
+    assert good.tokens.reward == pytest.approx(1.0 + 0.5)
+    assert bad.tokens.reward != bad.tokens.reward  # NaN: masked downstream, as an environment error is
+    assert m["reward/errors"] == 2.0
+    assert m["reward/envfixtures:fails_on_give_up"] == pytest.approx(0.5)  # the mean over the episodes that scored
+    assert m["reward/env"] == pytest.approx(1 / 3)
+    err = capsys.readouterr()
+    assert (err.out + err.err).count("raised ValueError: cannot score a surrender") == 1  # shown once per term
+    assert composer(1, [good])["reward/errors"] == 0.0  # counted per batch
 
 
 def test_bad_terms_are_refused_with_what_to_do():

@@ -29,6 +29,7 @@ from trajtune.learner import (
     Learner,
     LearnerConfig,
     checkpoint_step,
+    is_peft,
     latest_checkpoint,
     remove_interrupted_writes,
     set_seed,
@@ -253,6 +254,22 @@ def check_processes(cfg: RunBase) -> None:
                           "interleave collectives with training); drop it, or launch a single process")
 
 
+def check_adapter_choice(cfg: RunBase) -> None:
+    """``model`` naming a LoRA adapter directory together with a new ``model.lora`` would leave it
+    unclear which adapter trains (and a fresh adapter saved on top of a merged one would not load
+    back without it), so the user chooses."""
+    from trajtune.models.resolve import resolve_model
+
+    if cfg.model.lora is None:
+        return
+    src = resolve_model(cfg.model.name_or_path)
+    if src.kind == "dir" and (Path(src.path) / "adapter_config.json").exists():
+        raise ConfigError(f"model {cfg.model.name_or_path!r} is a LoRA adapter directory and model.lora asks for a new "
+                          "adapter: drop model.lora to go on training that adapter (its saved weights are then the "
+                          "reference), or merge it first (trajtune export --model DIR --out MERGED) and train a new "
+                          "adapter on the merged model")
+
+
 def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: bool = False,
         allow_config_change: bool = False, stop_after: int | None = None) -> dict[str, Any]:
     """Train any registered algorithm: its config's ``algorithm:`` picks the recipe; everything else
@@ -272,6 +289,7 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
         result = _already_finished(st, quiet)
         dist.finish()
         return result
+    check_adapter_choice(cfg)
     set_seed(cfg.seed)
     tok = load_tokenizer(cfg.model.name_or_path, cfg.model.chat_template)
     data = getattr(cfg, "data", None)
@@ -292,6 +310,10 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
                            gradient_checkpointing=cfg.train.gradient_checkpointing)
 
     def reference() -> Any:
+        if is_peft(ctx.model):  # the step-0 policy is inside the LoRA model: no second copy (models/reference.py)
+            from trajtune.models.reference import AdapterReference
+
+            return AdapterReference(ctx.model, fresh=cfg.model.lora is not None)
         ref = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, trainable=False)
         return ref.eval().requires_grad_(False)
 

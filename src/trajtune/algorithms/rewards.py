@@ -116,6 +116,8 @@ class RewardComposer:
     def __init__(self, spec: RewardSpec):
         self.spec = spec
         self.plugins = {n: resolve_plugin(n) for n in spec.names() if ":" in n}
+        self.errors = 0  # plug-in calls that raised, since the last batch
+        self.warned: set[str] = set()
 
     def values(self, episode: Any) -> dict[str, float]:
         traj, tt = episode.trajectory, episode.tokens
@@ -135,9 +137,26 @@ class RewardComposer:
             elif name.startswith("info."):
                 v = float(reported.get(name[5:], 0.0))  # an episode that never stepped reports nothing
             else:
-                v = float(self.plugins[name](traj))
+                v = self._plugin(name, traj)
             out[name] = v
         return out
+
+    def _plugin(self, name: str, traj: Any) -> float:
+        """A plug-in term that raises or returns no number does not stop the run: like an environment
+        error, the episode gets a NaN reward (masked downstream), it is counted in ``reward/errors``
+        and the first failure of each term is shown with its exception."""
+        try:
+            return float(self.plugins[name](traj))
+        except Exception as e:  # noqa: BLE001 - the user's code: report it, keep training
+            self.errors += 1
+            if name not in self.warned:
+                self.warned.add(name)
+                from trajtune.progress import console
+
+                console.print(f"[yellow]warning:[/yellow] reward term {name!r} raised {type(e).__name__}: {e} "
+                              f"(episode {getattr(traj, 'id', '?')}); its episodes get no reward and are counted in "
+                              "reward/errors", highlight=False, soft_wrap=True)
+            return float("nan")
 
     def _check_reported(self, episodes: list[Any]) -> None:
         """An ``info.NAME`` term no episode reported, in a batch where the environment did step to the
@@ -167,4 +186,12 @@ class RewardComposer:
             for n, v in vals.items():
                 sums[n] += v
         n = max(1, len(episodes))
-        return {**{f"reward/{k}": v / n for k, v in sums.items()}, "reward_stage": float(self.spec.stage_at(step))}
+        errors, self.errors = self.errors, 0
+        means = {f"reward/{k}": v / n for k, v in sums.items()}
+        if self.plugins:  # a failed plug-in leaves NaN in its sum: report the mean over the episodes that scored
+            for k in self.plugins:
+                got = [e.trajectory.metadata["reward_terms"][k] for e in episodes]
+                ok = [v for v in got if math.isfinite(v)]
+                means[f"reward/{k}"] = sum(ok) / len(ok) if ok else float("nan")
+            means["reward/errors"] = float(errors)
+        return {**means, "reward_stage": float(self.spec.stage_at(step))}

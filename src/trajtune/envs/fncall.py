@@ -18,7 +18,10 @@ with no tool result (the expert trajectory then ends with the assistant's call).
 Success = the call was correct. Reward: 1.0 on the call turn when correct, else 0 (so
 ``Trajectory.reward`` is 1 or 0). The verdict (``correct``, ``no_call``, ``multiple_calls``,
 ``format_error``, ``wrong_name``, ``missing_param``, ``extra_param``, ``wrong_type``,
-``wrong_value``) is in ``StepResult.info["call_check"]`` and in ``render()``.
+``wrong_value``) is in ``StepResult.info["call_check"]`` and in ``render()``. The call turn also
+reports the call scored by parts in ``info["reward_terms"]`` (``call_format``, ``call_name``,
+``call_required``, ``call_types``, ``call_values``; see ``call_terms``), which an RL config can
+weigh as ``rl.reward.terms: {info.call_values: 1.0, ...}``.
 
 The check is AST-style: the right function name, every required parameter, JSON types as the
 schema says (an integer is accepted where a number is expected, a float never where an integer
@@ -173,6 +176,45 @@ def check_call(call: ToolCall, target: dict[str, Any], schema: dict[str, Any]) -
     return Verdict("correct")
 
 
+def _fraction(hits: int, total: int) -> float:
+    return 1.0 if total == 0 else hits / total
+
+
+def call_terms(action: Message, target: dict[str, Any], schema: dict[str, Any]) -> dict[str, float]:
+    """The call scored by parts, each in [0, 1] (ToolRL-style decomposed reward).
+
+    Why: the pass/fail verdict gives a model that writes an almost-right call the same 0 as one
+    that writes prose; the parts tell RL which of its calls were closer. With anything but exactly
+    one call every part is 0. ``call_format``: its arguments are a JSON object; ``call_name``: the
+    right function; then, for the right function with parsed arguments (else 0): ``call_required``
+    the share of the schema's required parameters present, ``call_types`` the share of the given
+    arguments whose JSON type the schema accepts (a parameter the schema lacks counts as wrong;
+    no argument given scores 1 only when none is expected), ``call_values`` the share of right
+    values over the expected arguments and any other argument given (an unasked optional one is
+    right only at its default)."""
+    zero = {"call_format": 0.0, "call_name": 0.0, "call_required": 0.0, "call_types": 0.0, "call_values": 0.0}
+    calls = action.tool_calls or []
+    if len(calls) != 1:
+        return zero
+    call = calls[0]
+    args = _arguments(call)
+    out = {**zero, "call_format": float(args is not None), "call_name": float(call.name == target["name"])}
+    if args is None or call.name != target["name"]:
+        return out
+    props = schema.get("properties", {})
+    required = list(schema.get("required", []))
+    out["call_required"] = _fraction(sum(1 for r in required if r in args), len(required))
+    typed = sum(1 for k, v in args.items() if k in props and _type_ok(props[k].get("type"), v))
+    out["call_types"] = typed / len(args) if args else float(not target["arguments"])
+    want = target["arguments"]
+    keys = list(want) + [k for k in args if k not in want]
+    known = {**target["defaults"], **want}  # the value each parameter should have, if given
+    right = sum(1 for k in keys if k in args and k in props and k in known
+                and check_value(props[k], args[k], known[k], repr(k)) is None)
+    out["call_values"] = _fraction(right, len(keys))
+    return out
+
+
 def check_action(action: Message, target: dict[str, Any], schema: dict[str, Any]) -> Verdict:
     calls = action.tool_calls or []
     if not calls:
@@ -279,7 +321,8 @@ class FncallEnv(Environment):
         d = self.task.data
         self.verdict = v = check_action(action, d["target"], self._target_schema)
         reward = 1.0 if v.ok else 0.0
-        info = {"call_check": v.kind, "detail": v.detail, "success": v.ok}
+        info = {"call_check": v.kind, "detail": v.detail, "success": v.ok,
+                "reward_terms": call_terms(action, d["target"], self._target_schema)}
         if self.options.single_turn:
             return StepResult([], reward=reward, done=True, info=info)
         calls = action.tool_calls or []
