@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -127,7 +128,7 @@ def main() -> None:
     except OSError:
         load = None
     result = {
-        "command": "python benchmarks/roofline.py " + " ".join(sys.argv[1:]),
+        "command": shlex.join(["python", "benchmarks/roofline.py", *sys.argv[1:]]),
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "python": platform.python_version(), "loadavg_at_end": load},
         "note": a.note,
