@@ -23,6 +23,7 @@ from trajtune.cli.config_cmd import config_app
 from trajtune.cli.data import data_app
 from trajtune.cli.doctor import doctor_cmd
 from trajtune.cli.envs import envs_app
+from trajtune.cli.export_cmd import register as _register_export
 from trajtune.cli.generate import generate
 from trajtune.cli.synth_safety import synth_safety
 from trajtune.cli.merge_cmd import register as _register_merge
@@ -119,6 +120,7 @@ app.command("serve")(serve_cmd)
 app.command("report")(report_cmd)
 app.command("ping")(ping_cmd)
 _register_merge(app)
+_register_export(app)
 data_app.command("generate")(generate)
 data_app.command("synth-safety")(synth_safety)
 app.add_typer(data_app, name="data",
