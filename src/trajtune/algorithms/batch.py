@@ -167,9 +167,10 @@ def _shared_prefix_logprobs(model: Any, batch: Batch, keep: torch.Tensor,
         sub_keep = keep[keep < width - 1]
         if sub_keep.numel() == 0:
             sub_keep = keep[:1].clamp(max=max(0, width - 2))
-        lp = _plain_logprobs(model, sub, sub_keep, temperature)
-        full = lp.new_zeros(len(alone), t - 1)
-        full[:, : lp.shape[1]] = lp
+        lp = _plain_logprobs(model, sub, sub_keep, temperature) if width > 1 else None
+        pad = t - 1 - (lp.shape[1] if lp is not None else 0)
+        zeros = batch.input_ids.new_zeros((len(alone), pad), dtype=lp.dtype if lp is not None else torch.float)
+        full = zeros if lp is None else torch.cat([lp, zeros], dim=1)
         rows_out.update(zip(alone, full.unbind(0)))
     return torch.stack([rows_out[r] for r in range(b)])
 
