@@ -33,20 +33,25 @@ def _rmsnorm_in_input_dtype(self, h):
 def float64_norms(monkeypatch):
     from transformers.models.llama import modeling_llama
     from transformers.models.qwen2 import modeling_qwen2
+    from transformers.models.qwen3 import modeling_qwen3
 
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rmsnorm_in_input_dtype)
+    monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", _rmsnorm_in_input_dtype)
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rmsnorm_in_input_dtype)
     monkeypatch.setattr(ps, "_told", set())
 
 
 def make_model(kind: str = "qwen2", **cfg):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     shape = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=256, **cfg)
     torch.manual_seed(0)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**shape))
+    elif kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, **shape))
     else:
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **shape))
     return model.double().train()
@@ -163,7 +168,7 @@ def test_two_tasks_form_two_groups_not_one_with_their_short_common_system_prompt
 
 # -- exactness --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "qwen3"])
 @pytest.mark.parametrize("gc", [False, True])
 def test_grpo_group_full_weights(kind, gc):
     model = make_model(kind)

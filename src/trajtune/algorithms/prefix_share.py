@@ -38,7 +38,8 @@ _told: set[str] = set()
 def _tell_once(reason: str) -> None:
     if reason not in _told:
         _told.add(reason)
-        log.info("shared-prefix training is off for this model (%s): the plain forward runs instead", reason)
+        log.warning("shared-prefix training (train.share_prefix) is off for this model (%s): the plain forward "
+                    "runs instead, with the same results", reason)
 
 
 def _base(model: Any) -> Any:
