@@ -175,6 +175,10 @@ class TrainSpec(_C):
                                                             "memory, about a third more compute")
     group_by_length: bool = Field(False, description="fill micro-batches with rows (units) of similar length, "
                                                      "so less padding is computed; the step's gradient is the same")
+    share_prefix: bool = Field(True, description="rows of one micro-batch that start with the same tokens (a group's "
+                                                 "prompt) compute that prefix once and attend to it through the KV "
+                                                 "cache; exact gradients; plain full-attention models only, others "
+                                                 "fall back (docs/algorithms.md)")
     eaft: bool = Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
                                           "(docs/algorithms.md)")
     eaft_top_k: int = Field(20, gt=1, description="EAFT: K, the candidates the entropy is taken over")

@@ -68,6 +68,7 @@ class LearnerConfig:
     eval_every: int = 0
     seed: int = 0
     group_by_length: bool = False  # micro-batches of similar-length units: less padding, same gradient
+    share_prefix: bool = True  # rows sharing a token prefix compute it once (algorithms.prefix_share), same gradient
 
 
 def set_seed(seed: int) -> None:
@@ -398,8 +399,8 @@ class Learner:
         """One optimizer update on ``tts`` (accumulated over micro-batches); None when nothing is trained."""
         if self.world > 1:  # this rank's share: units r, r + W, ... (whole units, like micro-batches)
             tts = [t for u in split_units(tts)[self.rank::self.world] for t in u]
-        batches = [collate(mb, self.pad_id).to(self.accelerator.device) for mb in self._micro_batches(tts)] \
-            if tts else []
+        batches = [collate(mb, self.pad_id, share_prefix=self.cfg.share_prefix).to(self.accelerator.device)
+                   for mb in self._micro_batches(tts)] if tts else []
         denom = dist.all_sum([sum(self.objective.denominator(b) for b in batches)])[0]
         if denom <= 0:
             return None

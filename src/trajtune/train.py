@@ -192,7 +192,8 @@ def learner_config(cfg: RunBase, recipe: Recipe) -> LearnerConfig:
                          schedule=t.schedule, min_lr_ratio=t.min_lr_ratio, max_grad_norm=t.max_grad_norm,
                          micro_batch_size=recipe.micro_batch_size, epochs=recipe.epochs,
                          mini_batches=recipe.mini_batches, save_every=t.save_every, keep_last=t.keep_last,
-                         eval_every=t.eval_every, seed=cfg.seed, group_by_length=t.group_by_length)
+                         eval_every=t.eval_every, seed=cfg.seed, group_by_length=t.group_by_length,
+                         share_prefix=t.share_prefix)
 
 
 def _eval_hook(cfg: RunBase, tok: Any, renderer: ChatRenderer, rollout: RolloutConfig):

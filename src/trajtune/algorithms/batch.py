@@ -28,6 +28,8 @@ class Batch:
     returns: torch.Tensor | None = None  # [B, T] float: the value head's targets
     #: per row, the LoRA adapter its loss trains (``meta["adapter"]``; DualTune), None when no row names one
     adapters: list[str] | None = None
+    #: rows with a common token prefix compute it once (``token_logprobs``; ``train.share_prefix``)
+    share_prefix: bool = False
 
     def loss_mask(self) -> torch.Tensor:
         """1.0 on trained policy tokens (source policy and weight > 0), shifted to target positions."""
@@ -38,7 +40,9 @@ class Batch:
         return Batch(**kw)
 
 
-def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
+def collate(tts: list[TokenTrajectory], pad_id: int, share_prefix: bool = False) -> Batch:
+    """``share_prefix``: ``token_logprobs`` on this batch computes a prefix that several rows share
+    once (``trajtune.algorithms.prefix_share``); the learner sets it from ``train.share_prefix``."""
     if not tts:
         raise ValueError("cannot collate an empty batch")
     width = max(len(t) for t in tts)
@@ -70,7 +74,12 @@ def collate(tts: list[TokenTrajectory], pad_id: int) -> Batch:
         for k, v in extra.items():
             v[r, :n] = torch.tensor(t.meta[k][:n], dtype=torch.float)
     adapters = [t.meta.get("adapter", "default") for t in tts] if any("adapter" in t.meta for t in tts) else None
-    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters)
+    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters, share_prefix=share_prefix)
+
+
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Logits in float32 for the log-softmax (bf16 / fp16 models); a float64 model stays float64."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
@@ -98,7 +107,7 @@ def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
     ``return_logits`` asks for the full ``[B, T-1, V]`` logits instead (every position)."""
     if return_logits:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1, :].float()
+        logits = at_least_float32(out.logits[:, :-1, :])
         if temperature != 1.0:
             logits = logits / temperature
         logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
@@ -106,14 +115,64 @@ def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
     keep = (batch.source[:, 1:] == SOURCE_POLICY).any(0).nonzero().squeeze(-1)
     if keep.numel() == 0:
         keep = torch.zeros(1, dtype=torch.long)
-    logits = selected_logits(model, batch, keep).float()
+    if batch.share_prefix and batch.size > 1:
+        shared = _shared_prefix_logprobs(model, batch, keep, temperature)
+        if shared is not None:
+            return shared, None
+    return _plain_logprobs(model, batch, keep, temperature), None
+
+
+def _plain_logprobs(model: Any, batch: Batch, keep: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = at_least_float32(selected_logits(model, batch, keep))
     if temperature != 1.0:
         logits = logits / temperature
     targets = batch.input_ids[:, 1:][:, keep]
     picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logp = picked.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1)
-    logp = logp.index_copy(1, keep, picked)
-    return logp, None
+    return logp.index_copy(1, keep, picked)
+
+
+def _shared_prefix_logprobs(model: Any, batch: Batch, keep: torch.Tensor,
+                            temperature: float) -> torch.Tensor | None:
+    """``token_logprobs`` with each group of rows that shares a prefix computing it once; None when
+    no rows share one (or the model cannot), so the caller runs the plain forward.
+
+    Positions past a row's end (padding, where no objective reads) hold 0 here, where the plain
+    forward holds the log-prob of a pad token."""
+    from trajtune.algorithms import prefix_share as ps
+
+    lengths = batch.attention_mask.sum(1).tolist()
+    seqs = [row[:n] for row, n in zip(batch.input_ids.tolist(), lengths)]
+    groups = ps.find_groups(seqs)
+    if not groups:
+        return None
+    reason = ps.unsupported_reason(model)
+    if reason is not None:
+        ps._tell_once(reason)
+        return None
+    keep = keep.to(batch.input_ids.device)
+    b, t = batch.input_ids.shape
+    rows_out: dict[int, torch.Tensor] = {}
+    for rows, p in groups:
+        pos, lp = ps.group_logprobs(model, batch.input_ids, batch.attention_mask, rows, p, keep, temperature)
+        full = lp.new_zeros(len(rows), t - 1).index_copy(1, pos, lp)
+        rows_out.update(zip(rows, full.unbind(0)))
+    alone = [r for r in range(b) if r not in rows_out]
+    if alone:  # the rows without a sharer: one plain forward, cut to their width
+        idx = torch.tensor(alone, dtype=torch.long, device=batch.input_ids.device)
+        width = int(max(lengths[r] for r in alone))
+        sub = Batch(batch.input_ids[idx, :width], batch.attention_mask[idx, :width], batch.source[idx, :width],
+                    batch.weight[idx, :width], batch.old_logprobs[idx, :width], None, batch.advantages[idx, :width],
+                    batch.rewards[idx], len(alone))
+        sub_keep = keep[keep < width - 1]
+        if sub_keep.numel() == 0:
+            sub_keep = keep[:1].clamp(max=max(0, width - 2))
+        lp = _plain_logprobs(model, sub, sub_keep, temperature) if width > 1 else None
+        pad = t - 1 - (lp.shape[1] if lp is not None else 0)
+        zeros = batch.input_ids.new_zeros((len(alone), pad), dtype=lp.dtype if lp is not None else torch.float)
+        full = zeros if lp is None else torch.cat([lp, zeros], dim=1)
+        rows_out.update(zip(alone, full.unbind(0)))
+    return torch.stack([rows_out[r] for r in range(b)])
 
 
 Truncation = Literal["drop", "truncate", "error"]
