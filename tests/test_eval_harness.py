@@ -551,3 +551,18 @@ def test_store_cuts_over_deep_model_output_and_resumes(tmp_path, depth):
         levels += 1
     assert v == DEPTH_MARKER and levels == MAX_VALUE_DEPTH  # cut exactly at the documented depth
     assert again.done[("t1", 0)] == ok
+
+
+def test_split_train_draws_validation_tasks_and_a_bad_split_is_refused():
+    from trajtune.envs import make_env
+    from trajtune.errors import UsageError
+    from trajtune.eval.harness import build_suites
+
+    (suite,) = build_suites(EvalSettings(model="m", env="home", tasks=5, split="train", seed=7))
+    assert [t.id for t in suite.tasks] == [t.id for t in make_env("home").tasks("train", 5, seed=7)]
+    (test,) = build_suites(EvalSettings(model="m", env="home", tasks=5, seed=7))
+    assert not {t.id for t in test.tasks} & {t.id for t in suite.tasks}
+    with pytest.raises(UsageError, match="--split must be train or test"):
+        EvalSettings(model="m", env="home", split="dev").validate()
+    with pytest.raises(UsageError, match="a benchmark has its own entries"):
+        EvalSettings(model="m", benchmark="bfcl", split="train").validate()

@@ -114,7 +114,7 @@ def rl_config(out: Path, p: dict[str, Any], seed: int) -> Any:
                "n_train_tasks": p["rl_steps"] * p["rl_tasks_per_step"], "drop_equal_groups": True,
                "reward": {"terms": terms}},
         "train": {"steps": p["rl_steps"], "lr": p["rl_lr"], "schedule": "constant", "warmup_steps": 0,
-                  "micro_batch_size": p["rl_group_size"], "save_every": max(1, p["rl_steps"] // 4)},
+                  "micro_batch_size": p["rl_group_size"], "save_every": max(1, p["rl_steps"] // 4) if p["rl_steps"] > 1 else 0},
     })
 
 

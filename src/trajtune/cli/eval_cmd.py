@@ -68,6 +68,9 @@ def eval_(
         "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
                              "or groups (single_turn, multi_turn, live, non_live, all). Default: all.")] = None,
     n_tasks: Annotated[int, typer.Option("--tasks", help="Held-out environment tasks to run.")] = 64,
+    split: Annotated[str, typer.Option(help="The environment's tasks to draw: test (held out), or train for a "
+                                            "validation score that leaves the test tasks unseen while choosing "
+                                            "settings (pick a --seed your training did not use).")] = "test",
     limit: Annotated[Optional[int], typer.Option("--limit", help="BFCL: first N entries of each category.")] = None,
     n: Annotated[int, typer.Option("--n", help="Samples per task (for pass@k).")] = 1,
     k: Annotated[Optional[list[int]], typer.Option("--k", help="pass@k values to report (repeatable).")] = None,
@@ -169,7 +172,7 @@ def eval_(
     settings = EvalSettings(
         model=model, env=env, benchmark=benchmark,
         categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
-        env_kwargs=env_kwargs, tasks=n_tasks, limit=limit, n=n, ks=k or [1], temperature=temperature,
+        env_kwargs=env_kwargs, tasks=n_tasks, split=split, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render,

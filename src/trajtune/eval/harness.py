@@ -53,6 +53,7 @@ class EvalSettings:
     categories: list[str] | None = None
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     tasks: int = 64
+    split: str = "test"  # train: validation on training-split tasks (choosing settings without the test tasks)
     limit: int | None = None
     n: int = 1
     ks: list[int] = field(default_factory=lambda: [1])
@@ -99,6 +100,10 @@ class EvalSettings:
             raise UsageError(f"unknown benchmark {self.benchmark!r}; known: {', '.join(BENCHMARKS)}")
         if self.categories and self.benchmark != "bfcl":
             raise UsageError("--categories is for --benchmark bfcl (environments are broken down by task kind)")
+        if self.split not in ("train", "test"):
+            raise UsageError(f"--split must be train or test, not {self.split!r}")
+        if self.split != "test" and self.env is None:
+            raise UsageError("--split chooses an environment's tasks; a benchmark has its own entries (leave --split out)")
         if self.n < 1 or self.tasks < 1 or (self.limit is not None and self.limit < 1):
             raise UsageError("--n, --tasks and --limit must be at least 1")
         if self.best_of is not None:
@@ -184,7 +189,7 @@ def _env_suite(name: str, kwargs: dict[str, Any], s: EvalSettings) -> Suite:
         return make_env(name, **kwargs)
 
     probe = factory()
-    return Suite(name=name, tasks=probe.tasks("test", s.tasks, seed=s.seed), env_factory=factory,
+    return Suite(name=name, tasks=probe.tasks(s.split, s.tasks, seed=s.seed), env_factory=factory,
                  max_turns=s.max_turns or probe.max_turns)
 
 
