@@ -42,7 +42,8 @@ demo-again: $(STAMP)
 	$(BIN)/trajtune demo --out $(DEMO_OUT) --overwrite
 
 # A real pretrained model (SmolLM2-135M-Instruct, shipped as a GGUF in a package) learns to call
-# tools: about 40 minutes on 2 CPU cores. A finished run is refused; remove it or pass --overwrite.
+# tools (LoRA SFT, then GRPO): about 45 minutes on 2 CPU cores. A finished run is refused; pass
+# --overwrite to replace it, or continue a killed one with `trajtune demo --model smollm2-135m --out runs/demo-real --resume`.
 demo-real: $(STAMP)
 	$(BIN)/trajtune demo --model smollm2-135m --out runs/demo-real
 
