@@ -121,7 +121,7 @@ def test_real_smollm2_rl_from_its_sft_adapter_trains_the_adapter_against_its_sav
     from safetensors.torch import load_file
 
     from trajtune.algorithms.batch import collate, token_logprobs
-    from trajtune.demo_real import rl_config, run_real_demo
+    from trajtune.demo_real import REAL_DEFAULTS, rl_config, run_real_demo
     from trajtune.models.loading import load_model
     from trajtune.models.reference import AdapterReference
     from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
@@ -131,12 +131,16 @@ def test_real_smollm2_rl_from_its_sft_adapter_trains_the_adapter_against_its_sav
              "rl_steps": 0}
     run_real_demo(tmp_path / "real", "smollm2-135m", **small)
     sft = tmp_path / "real" / "sft" / "final"
-    p = {**small, "rl_steps": 2, "rl_tasks_per_step": 1, "rl_group_size": 4, "rl_max_new_tokens": 48,
+    p = {**REAL_DEFAULTS, **small, "rl_steps": 2, "rl_tasks_per_step": 1, "rl_group_size": 4, "rl_max_new_tokens": 48,
          "rl_lr": 1e-3, "rl_reward": "decomposed"}
 
     def config(out):
         cfg = rl_config(tmp_path / "real", p, 0)
-        return cfg.model_copy(update={"output_dir": str(out), "rl": cfg.rl.model_copy(update={"kl_coef": 0.05})})
+        # a 2-step SFT adapter rarely calls a function, so every sample would score 0: a length term
+        # makes the rewards differ, so the advantages (and the update) are not zero
+        reward = cfg.rl.reward.model_copy(update={"terms": {**cfg.rl.reward.terms, "length": -0.01}})
+        rl = cfg.rl.model_copy(update={"kl_coef": 0.05, "reward": reward})
+        return cfg.model_copy(update={"output_dir": str(out), "rl": rl})
 
     full = run(config(tmp_path / "rl"), quiet=True)
     trained = load_file(tmp_path / "rl" / "final" / "adapter_model.safetensors")
