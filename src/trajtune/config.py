@@ -45,8 +45,8 @@ class _Runtime(_C):
     runtime_fields: typing.ClassVar[tuple[str, ...]]
 
     def runtime_kwargs(self) -> dict[str, Any]:
-        """This section's values of its runtime dataclass's settings."""
-        return {n: getattr(self, n) for n in self.runtime_fields}
+        """This section's values of its runtime dataclass's settings (copies, as ``model_dump`` makes)."""
+        return self.model_dump(include=set(self.runtime_fields))
 
 
 def runtime_field(runtime: type, name: str) -> tuple[Any, FieldInfo]:
