@@ -2,18 +2,30 @@
 
 Unknown keys are errors (a typo must not silently fall back to a default), and so are settings
 that would do nothing in combination with others (e.g. a KL estimator with ``kl_coef: 0``).
+
+A key that is also a runtime option (``rollout.*``: RolloutConfig, ``render.*`` and ``data.train_on``:
+RenderConfig, ``train.*``: LearnerConfig) is declared once, in that dataclass, with
+``trajtune.settings.setting``; its section here is built from it (``runtime_section``) and only
+adds the config-only keys and the validators.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
+from trajtune.chat.render import RenderConfig
 from trajtune.errors import ConfigError, require_input  # ConfigError is re-exported as config.ConfigError
+from trajtune.learner import LearnerConfig
 from trajtune.models.loading import LoraConfig
+from trajtune.rollout import RolloutConfig
+from trajtune.settings import is_setting
 
 
 class _C(BaseModel):
@@ -24,6 +36,57 @@ class _C(BaseModel):
         given", so a run's config.yaml (which spells out every default) loads back with --config."""
         return {n for n, f in type(self).model_fields.items()
                 if not f.is_required() and getattr(self, n) != f.get_default(call_default_factory=True)}
+
+
+class _Runtime(_C):
+    """A section built by ``runtime_section`` from a runtime dataclass's settings."""
+
+    runtime: typing.ClassVar[type]
+    runtime_fields: typing.ClassVar[tuple[str, ...]]
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """This section's values of its runtime dataclass's settings (copies, as ``model_dump`` makes)."""
+        return self.model_dump(include=set(self.runtime_fields))
+
+
+def runtime_field(runtime: type, name: str) -> tuple[Any, FieldInfo]:
+    """The pydantic field of a runtime dataclass's setting (``trajtune.settings.setting``): its type,
+    default, description and bounds, read from the one place they are declared."""
+    f = next((f for f in dataclasses.fields(runtime) if f.name == name), None)
+    if f is None or not is_setting(f):
+        raise TypeError(f"{runtime.__name__}.{name} is not a setting (declare it with trajtune.settings.setting)")
+    kw: dict[str, Any] = {"description": f.metadata["description"], **f.metadata["bounds"]}
+    if f.default_factory is not dataclasses.MISSING:
+        kw["default_factory"] = f.default_factory
+    elif f.default is not dataclasses.MISSING:
+        kw["default"] = f.default
+    return typing.get_type_hints(runtime)[name], Field(**kw)
+
+
+def runtime_section(name: str, runtime: type, layout: list[Any]) -> type[_Runtime]:
+    """The fields of a config section, in ``layout`` order: a string names a setting of the runtime
+    dataclass (taken whole, see ``runtime_field``); ``(name, type, Field(...))`` declares a
+    config-only key, which must not be a field of the dataclass (that would be a second declaration).
+    The section's class subclasses the result and adds its validators and methods. The base records
+    ``runtime`` and ``runtime_fields`` (the names taken from it, whose values ``runtime_kwargs``
+    returns)."""
+    names = {f.name for f in dataclasses.fields(runtime)}
+    defs: dict[str, Any] = {}
+    taken: list[str] = []
+    for item in layout:
+        if isinstance(item, str):
+            defs[item] = runtime_field(runtime, item)
+            taken.append(item)
+        else:
+            key, annotation, info = item
+            if key in names:
+                raise TypeError(f"{name}.{key} is a field of {runtime.__name__}: name it in the layout (its "
+                                f"declaration there is the only one), do not declare it again")
+            defs[key] = (annotation, info)
+    base = create_model(f"_{name}Fields", __base__=_Runtime, __module__=__name__, **defs)
+    base.runtime = runtime
+    base.runtime_fields = tuple(taken)
+    return base
 
 
 class ModelSpec(_C):
@@ -64,32 +127,34 @@ class CriticalSteps(_C):
         return self
 
 
-class DataSpec(_C):
-    path: str = Field(description="training data file (JSONL/JSON in any supported format; `trajtune data "
-                                  "validate` checks it)")
-    format: str | None = Field(None, description="input format; auto-detected when omitted")
-    train_on: Literal["all", "last", "hint", "all_tokens"] = Field(
-        "hint", description="which assistant turns carry loss: all, the last one, or as each message's train hint "
-                            "says (all when there is none); all_tokens: every token, system, user and tool results "
-                            "too (agentic continual pre-training; the only choice for format: text)")
-    mask_errors: bool = Field(False, description="error-masked SFT: an assistant turn that made an invalid call, drew "
-                                                 "an error observation or carries a verifier flag stays in context "
-                                                 "with weight 0; later turns (the recovery) are trained "
-                                                 "(docs/algorithms.md)")
-    faft: bool = Field(False, description="feedback-aware fine-tuning: each record's verifier feedback "
-                                          "(metadata.feedback) is appended to its request, so passing and failing "
-                                          "plans both train; evaluate with env feedback_slot (docs/algorithms.md)")
-    critical_steps: CriticalSteps | None = Field(
+_DataSpecFields = runtime_section("DataSpec", RenderConfig, [
+    ("path", str, Field(description="training data file (JSONL/JSON in any supported format; `trajtune data "
+                                    "validate` checks it)")),
+    ("format", str | None, Field(None, description="input format; auto-detected when omitted")),
+    "train_on",
+    ("mask_errors", bool, Field(False, description="error-masked SFT: an assistant turn that made an invalid call, "
+                                                   "drew an error observation or carries a verifier flag stays in "
+                                                   "context with weight 0; later turns (the recovery) are trained "
+                                                   "(docs/algorithms.md)")),
+    ("faft", bool, Field(False, description="feedback-aware fine-tuning: each record's verifier feedback "
+                                            "(metadata.feedback) is appended to its request, so passing and failing "
+                                            "plans both train; evaluate with env feedback_slot (docs/algorithms.md)")),
+    ("critical_steps", CriticalSteps | None, Field(
         None, description="critical-step SFT (ATLaS): train only the selected turns, the others stay in context "
-                          "(docs/algorithms.md)")
-    max_length: int = Field(2048, gt=8, description="tokens per sample at most; longer samples follow truncation")
-    truncation: Literal["drop", "truncate", "error"] = Field(
+                          "(docs/algorithms.md)")),
+    ("max_length", int, Field(2048, gt=8, description="tokens per sample at most; longer samples follow "
+                                                      "truncation")),
+    ("truncation", Literal["drop", "truncate", "error"], Field(
         "drop", description="a sample over max_length: drop it (counted in result.json), cut it, or stop with an "
-                            "error naming it")
-    skip_invalid: bool = Field(False, description="skip records that fail validation (counted) instead of stopping "
-                                                  "at the first one")
-    limit: int | None = Field(None, gt=0, description="use only the first N records")
+                            "error naming it")),
+    ("skip_invalid", bool, Field(False, description="skip records that fail validation (counted) instead of "
+                                                    "stopping at the first one")),
+    ("limit", int | None, Field(None, gt=0, description="use only the first N records")),
+])
 
+
+class DataSpec(_DataSpecFields):
+    # data.train_on is RenderConfig.train_on (the renderer applies it); the rest is read by the algorithms.
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, v: Any) -> Any:
@@ -110,80 +175,36 @@ class DataSpec(_C):
         return self
 
 
-class RenderSpec(_C):
+_RenderSpecFields = runtime_section("RenderSpec", RenderConfig, [
+    "tool_format", "end_of_turn", "non_prefix", "call_ids", "reasoning", "thought", "system_role", "tool_role",
+    "content_format", "arguments_format", "template_kwargs", "assistant_prefix"])
+
+
+class RenderSpec(_RenderSpecFields):
     """How conversations become tokens through the model's chat template (``trajtune doctor`` shows
     what ``auto`` resolves to for a model)."""
 
-    tool_format: Literal["auto", "native", "hermes", "llama3_json", "pythonic"] = Field(
-        "auto", description="native: the template's own tool support; hermes / llama3_json / pythonic: tools, calls "
-        "and results written as text in that convention; auto: native where the template renders tools and calls, "
-        "else hermes")
-    end_of_turn: str | list[str] | None = Field(
-        None, description="string(s) closing an assistant turn; default: detected per turn type from the template")
-    non_prefix: Literal["error", "split"] = Field(
-        "error", description="templates that rewrite earlier turns: refuse (error) or one sample per turn (split)")
-    call_ids: Literal["auto", "keep", "mistral"] = Field(
-        "auto", description="adapt tool-call ids to what the template accepts (mistral: 9 alphanumeric characters)")
-    reasoning: Literal["auto", "field", "inline", "drop"] = Field(
-        "auto", description="where reasoning_content goes: the template's reasoning field, an inline <think> block, "
-        "or nowhere")
-    thought: Literal["content", "drop"] = Field(
-        "content", description="a visible thought (e.g. ADP's description): trained before the content, or dropped")
-    system_role: Literal["auto", "native", "fold"] = Field(
-        "auto", description="fold: the system prompt goes into the first user turn (auto: when the template refuses "
-        "a system message)")
-    tool_role: Literal["auto", "native", "user"] = Field(
-        "auto", description="user: tool results are rendered as user turns (auto: when the template refuses tool "
-        "messages)")
-    content_format: Literal["auto", "string", "parts"] = Field(
-        "auto", description="parts: message content passed as a list of text parts (auto: when the template ignores "
-        "plain strings)")
-    arguments_format: Literal["auto", "dict", "string"] = Field(
-        "auto", description="string: tool-call arguments passed as JSON text (auto: when the template prints "
-        "arguments as given)")
-    template_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="extra template variables, e.g. {enable_thinking: false}")
-    assistant_prefix: str | None = Field(
-        None, description="text injected right after the assistant header of every agent turn and kept in the "
-        "history (a prefix injection guard, docs/ping.md); prompt tokens: no loss, no RL credit")
-
-    def to_render_config(self, train_on: str = "hint") -> Any:
-        from trajtune.chat.render import RenderConfig
-
-        return RenderConfig(train_on=train_on, **self.model_dump())  # type: ignore[arg-type]
+    def to_render_config(self, train_on: str = "hint") -> RenderConfig:
+        return RenderConfig(train_on=train_on, **self.runtime_kwargs())  # type: ignore[arg-type]
 
 
-class TrainSpec(_C):
-    steps: int = Field(100, gt=0, description="optimizer steps")
-    lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW)")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
-    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 to lr over these steps")
-    schedule: Literal["constant", "linear", "cosine"] = Field(
-        "cosine", description="learning-rate decay after warm-up, down to lr × min_lr_ratio at the last step")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="final learning rate as a fraction of lr (linear, "
-                                                             "cosine)")
-    max_grad_norm: float = Field(1.0, gt=0, description="clip the gradient's global norm to this")
-    batch_size: int = Field(16, gt=0, description="sequences per optimizer step (SFT)")
-    micro_batch_size: int = Field(16, gt=0, description="rows per forward/backward pass; gradients accumulate over "
-                                                        "micro-batches with exact normalisation (the step is the same)")
-    save_every: int = Field(0, ge=0, description="write a resumable checkpoint every N steps (0: only the final "
-                                                 "model)")
-    keep_last: int = Field(2, gt=0, description="checkpoints kept; older ones are deleted")
-    eval_every: int = Field(0, ge=0, description="evaluate on eval.env every N steps (0: only at the end, when "
-                                                 "eval is set)")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: less "
-                                                            "memory, about a third more compute")
-    group_by_length: bool = Field(False, description="fill micro-batches with rows (units) of similar length, "
-                                                     "so less padding is computed; the step's gradient is the same")
-    share_prefix: bool = Field(True, description="rows of one micro-batch that start with the same tokens (a group's "
-                                                 "prompt) compute that prefix once and attend to it through the KV "
-                                                 "cache; exact gradients; plain full-attention models only, others "
-                                                 "fall back (docs/algorithms.md)")
-    eaft: bool = Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
-                                          "(docs/algorithms.md)")
-    eaft_top_k: int = Field(20, gt=1, description="EAFT: K, the candidates the entropy is taken over")
-    eaft_alpha: float = Field(1.0, ge=0, description="EAFT: α, the gate's strength")
+_TrainSpecFields = runtime_section("TrainSpec", LearnerConfig, [
+    "steps", "lr", "weight_decay", "warmup_steps", "schedule", "min_lr_ratio", "max_grad_norm",
+    ("batch_size", int, Field(16, gt=0, description="sequences per optimizer step (SFT)")),
+    "micro_batch_size", "save_every", "keep_last", "eval_every",
+    ("gradient_checkpointing", bool, Field(False, description="recompute activations in the backward pass: less "
+                                                              "memory, about a third more compute")),
+    "group_by_length", "share_prefix",
+    ("eaft", bool, Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
+                                            "(docs/algorithms.md)")),
+    ("eaft_top_k", int, Field(20, gt=1, description="EAFT: K, the candidates the entropy is taken over")),
+    ("eaft_alpha", float, Field(1.0, ge=0, description="EAFT: α, the gate's strength")),
+])
 
+
+class TrainSpec(_TrainSpecFields):
+    # Optimizer, schedule, batches, checkpoints: the LearnerConfig settings, plus what the algorithms
+    # read themselves (batch_size, gradient_checkpointing, EAFT). No docstring: the schema has none.
     @model_validator(mode="after")
     def _no_ops(self) -> "TrainSpec":
         s = self.non_default()
@@ -287,31 +308,25 @@ class ServerSpec(_C):
         return v
 
 
-class RolloutSpec(_C):
-    max_turns: int = Field(8, gt=0, description="assistant turns per episode at most (termination max_turns)")
-    max_new_tokens: int = Field(128, gt=0, description="tokens per assistant turn at most (termination length)")
-    max_length: int = Field(2048, gt=8, description="tokens per episode at most, prompt included (termination "
-                                                    "context_overflow)")
-    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0: greedy")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
-    parser: str = Field("auto", description="tool-call parser; auto: the one matching the render tool format")
-    batch_size: int = Field(32, gt=0, description="episodes generated together; a finished one is replaced at once")
-    step_timeout_s: float = Field(30.0, gt=0, description="an environment step taking longer ends the episode "
-                                                          "(termination timeout)")
-    reuse_kv_cache: bool = Field(True, description="keep each episode's KV cache across turns (encode only the new "
-                                                   "tokens); false, or a model it cannot serve: generate() per turn")
-    ray: RaySpec | None = Field(None, description="run the environments in Ray worker actors (docs/envs.md, Rollout "
-                                                   "workers on Ray); generation stays in the learner")
-    server: ServerSpec | None = Field(
+_RolloutSpecFields = runtime_section("RolloutSpec", RolloutConfig, [
+    "max_turns", "max_new_tokens", "max_length", "temperature", "top_p", "parser", "batch_size", "step_timeout_s",
+    "reuse_kv_cache",
+    ("ray", RaySpec | None, Field(None, description="run the environments in Ray worker actors (docs/envs.md, "
+                                                    "Rollout workers on Ray); generation stays in the learner")),
+    ("server", ServerSpec | None, Field(
         None, description="sample through a generation server (rl only): it returns the token ids and log-probs "
                           "that are stored, and loads the policy's weights after every step (a string is short for "
-                          "server.url)")
+                          "server.url)")),
+])
 
-    def to_config(self) -> Any:
+
+class RolloutSpec(_RolloutSpecFields):
+    # How episodes are sampled: the RolloutConfig settings, plus where the environments run (ray) or
+    # where sampling happens (server). No docstring: the schema has none.
+
+    def to_config(self) -> RolloutConfig:
         """The agent loop's settings (``rollout.RolloutConfig``); where the environments run is not one."""
-        from trajtune.rollout import RolloutConfig
-
-        return RolloutConfig(**self.model_dump(exclude={"ray", "server"}))
+        return RolloutConfig(**self.runtime_kwargs())
 
     def env_factory(self, env: "EnvSpec") -> Any:
         from trajtune.envs.ray_workers import env_factory

@@ -41,6 +41,7 @@ from trajtune.algorithms.batch import collate
 from trajtune.tokens import TokenTrajectory
 from trajtune.errors import DataError, RankFailed, RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
+from trajtune.settings import setting
 
 
 class ExperienceSource(Protocol):
@@ -51,24 +52,39 @@ class ExperienceSource(Protocol):
 
 @dataclass
 class LearnerConfig:
-    steps: int = 100
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    """The learner's settings. Each field made with ``setting`` is also a ``train.*`` config key
+    (``config.TrainSpec`` is built from these fields: declare a setting here only); the others are
+    filled in by the algorithm (``train.learner_config``)."""
+
+    steps: int = setting(100, gt=0, description="optimizer steps")
+    lr: float = setting(1e-4, gt=0, description="peak learning rate (AdamW)")
+    weight_decay: float = setting(0.0, ge=0, description="AdamW decoupled weight decay")
     betas: tuple[float, float] = (0.9, 0.95)
-    warmup_steps: int = 0
-    schedule: Literal["constant", "linear", "cosine"] = "cosine"
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 16
+    warmup_steps: int = setting(0, ge=0, description="linear warm-up from 0 to lr over these steps")
+    schedule: Literal["constant", "linear", "cosine"] = setting(
+        "cosine", description="learning-rate decay after warm-up, down to lr × min_lr_ratio at the last step")
+    min_lr_ratio: float = setting(0.1, ge=0, le=1, description="final learning rate as a fraction of lr (linear, "
+                                                               "cosine)")
+    max_grad_norm: float = setting(1.0, gt=0, description="clip the gradient's global norm to this")
+    micro_batch_size: int = setting(16, gt=0, description="rows per forward/backward pass; gradients accumulate "
+                                                          "over micro-batches with exact normalisation (the step is "
+                                                          "the same)")
     epochs: int = 1  # passes over one step's experience (PPO epochs)
     mini_batches: int = 1  # optimizer updates per pass; π_old stays the sampling policy throughout
-    save_every: int = 0  # 0 = only at the end
-    keep_last: int = 2
+    save_every: int = setting(0, ge=0, description="write a resumable checkpoint every N steps (0: only the final "
+                                                   "model)")
+    keep_last: int = setting(2, gt=0, description="checkpoints kept; older ones are deleted")
     log_every: int = 1
-    eval_every: int = 0
+    eval_every: int = setting(0, ge=0, description="evaluate on eval.env every N steps (0: only at the end, when "
+                                                   "eval is set)")
     seed: int = 0
-    group_by_length: bool = False  # micro-batches of similar-length units: less padding, same gradient
-    share_prefix: bool = True  # rows sharing a token prefix compute it once (algorithms.prefix_share), same gradient
+    group_by_length: bool = setting(False, description="fill micro-batches with rows (units) of similar length, "
+                                                       "so less padding is computed; the step's gradient is the "
+                                                       "same")
+    share_prefix: bool = setting(True, description="rows of one micro-batch that start with the same tokens (a "
+                                                   "group's prompt) compute that prefix once and attend to it "
+                                                   "through the KV cache; exact gradients; plain full-attention "
+                                                   "models only, others fall back (docs/algorithms.md)")
 
 
 def set_seed(seed: int) -> None:

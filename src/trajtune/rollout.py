@@ -32,20 +32,29 @@ from trajtune.envs.runner import step_batch
 from trajtune.generation import CachedSampler
 from trajtune.generation import supports as supports_cache
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
+from trajtune.settings import setting
 
 
 @dataclass
 class RolloutConfig:
-    max_turns: int = 8
-    max_new_tokens: int = 128  # per assistant turn
-    max_length: int = 2048  # whole episode, prompt included
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    parser: str = "auto"  # auto: the renderer's (the one matching its tool format)
-    batch_size: int = 32
-    step_timeout_s: float = 30.0
-    reuse_kv_cache: bool = True  # keep each episode's KV cache across turns (generation.py); else generate()
-    snapshots: bool = False  # keep env.snapshot() (and the tools) before each turn: Episode.snapshots
+    """The agent loop's settings. Each field made with ``setting`` is also a ``rollout.*`` config key
+    (``config.RolloutSpec`` is built from these fields: declare a setting here only)."""
+
+    max_turns: int = setting(8, gt=0, description="assistant turns per episode at most (termination max_turns)")
+    max_new_tokens: int = setting(128, gt=0, description="tokens per assistant turn at most (termination length)")
+    max_length: int = setting(2048, gt=8, description="tokens per episode at most, prompt included (termination "
+                                                      "context_overflow)")
+    temperature: float = setting(1.0, ge=0, description="sampling temperature; 0: greedy")
+    top_p: float = setting(1.0, gt=0, le=1, description="nucleus sampling mass")
+    parser: str = setting("auto", description="tool-call parser; auto: the one matching the render tool format")
+    batch_size: int = setting(32, gt=0, description="episodes generated together; a finished one is replaced at "
+                                                    "once")
+    step_timeout_s: float = setting(30.0, gt=0, description="an environment step taking longer ends the episode "
+                                                            "(termination timeout)")
+    reuse_kv_cache: bool = setting(True, description="keep each episode's KV cache across turns (encode only the "
+                                                     "new tokens); false, or a model it cannot serve: generate() "
+                                                     "per turn")
+    snapshots: bool = False  # keep env.snapshot() (and the tools) before each turn: Episode.snapshots (not a config key)
 
 
 @dataclass

@@ -187,13 +187,10 @@ def open_run(cfg: RunBase, kind: str, overwrite: bool, resume: bool,
 
 
 def learner_config(cfg: RunBase, recipe: Recipe) -> LearnerConfig:
-    t = cfg.train
-    return LearnerConfig(steps=t.steps, lr=t.lr, weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                         schedule=t.schedule, min_lr_ratio=t.min_lr_ratio, max_grad_norm=t.max_grad_norm,
-                         micro_batch_size=recipe.micro_batch_size, epochs=recipe.epochs,
-                         mini_batches=recipe.mini_batches, save_every=t.save_every, keep_last=t.keep_last,
-                         eval_every=t.eval_every, seed=cfg.seed, group_by_length=t.group_by_length,
-                         share_prefix=t.share_prefix)
+    """The learner's settings: train.* (the LearnerConfig settings TrainSpec is built from), with what
+    the algorithm decides (its micro-batch, PPO epochs and mini-batches) and the run's seed."""
+    return LearnerConfig(**{**cfg.train.runtime_kwargs(), "micro_batch_size": recipe.micro_batch_size,
+                            "epochs": recipe.epochs, "mini_batches": recipe.mini_batches, "seed": cfg.seed})
 
 
 def _eval_hook(cfg: RunBase, tok: Any, renderer: ChatRenderer, rollout: RolloutConfig):
@@ -217,7 +214,7 @@ def _eval_rollout(cfg: RunBase) -> RolloutConfig:
     spec = getattr(cfg, "rollout", None)
     if spec is not None:
         return spec.to_config()
-    return RolloutConfig(max_length=cfg.data.max_length, max_new_tokens=128, max_turns=8, batch_size=32)
+    return RolloutConfig(max_length=cfg.data.max_length)  # the other settings: RolloutConfig's defaults
 
 
 def check_chat_template(tok: Any, config: RenderConfig, model: str) -> None:

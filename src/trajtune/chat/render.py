@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from trajtune import errors
@@ -41,6 +41,7 @@ from trajtune.chat.templates import (
 )
 from trajtune.chat.tool_formats import FALLBACK_ORDER, TOOL_FORMATS, ToolFormat
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
+from trajtune.settings import setting
 
 # The token-level contract lives in trajtune.tokens; re-exported here for the renderer's users.
 from trajtune.tokens import (  # noqa: E402,F401
@@ -62,48 +63,61 @@ ToolFormatName = Literal["auto", "native", "hermes", "llama3_json", "pythonic"]
 
 @dataclass
 class RenderConfig:
-    """How to turn assistant turns into trained tokens.
+    """How to turn assistant turns into trained tokens. Each field is also a config key
+    (``render.*``, and ``data.train_on``): ``config.RenderSpec`` is built from these fields, so a
+    setting is declared here only, with its default and description.
 
-    ``train_on``: ``all`` assistant turns, ``last`` turn only, ``hint`` (every assistant turn
-    unless its ``train`` flag is False), or ``all_tokens``: every token, system, user and tool
-    results included (agentic continual pre-training; provenance stays as it is, only weights
-    change). ``end_of_turn``: the string(s) that close an assistant turn
-    (default: detected from the template per turn type — an answer and a tool call may close
-    differently — else the tokenizer's eos token). ``non_prefix``: what to do when a template
-    rewrites earlier turns (e.g. drops past ``<think>`` blocks): ``error`` raises; ``split`` makes
-    ``render_samples`` emit one sample per assistant turn, each with the prefix the model would
-    really see. ``call_ids``: ``auto`` adapts ids where a template family requires it (Mistral: 9
-    alphanumeric characters), ``keep`` passes them unchanged, ``mistral`` forces the adaptation.
-    ``reasoning``: how ``reasoning_content`` reaches the template — ``auto`` (``field`` if the
-    template renders a reasoning field, ``inline`` as a ``<think>`` block if it handles ``<think>``,
-    else ``drop``). ``thought`` (a visible rationale kept apart in the IR, e.g. ADP's
-    ``description``): ``content`` puts it before the content, separated by a blank line, so it is
-    trained; ``drop`` leaves it out. ``tool_format``: ``native`` passes tools and calls to the
-    template; ``hermes`` / ``llama3_json`` / ``pythonic`` write them as text in that convention
-    (for templates with no tool support); ``auto`` uses ``native`` where the template renders tools
-    and calls and its calls parse back, else the first fallback that renders. ``system_role`` /
-    ``tool_role`` / ``content_format`` / ``arguments_format``: ``auto`` probes the template; set one
-    to force it. ``template_kwargs``: extra variables for the template (e.g.
-    ``{"enable_thinking": False}``). ``assistant_prefix``: text put right after the generation
-    prompt of every agent turn (a prefix injection guard, docs/ping.md), at the token level (the
-    template never sees it); it is prompt, not policy (no loss, no RL credit), and stays in the
-    history. A message that records its own prefix (``extra["assistant_prefix"]``, as rollouts do)
-    keeps that one.
+    Details the descriptions leave out: ``train_on: hint`` trains every assistant turn unless its
+    ``train`` flag is False; ``all_tokens`` keeps provenance as it is, only weights change.
+    ``end_of_turn`` falls back to the tokenizer's eos token where the template shows nothing (an
+    answer and a tool call may close differently). ``non_prefix: split`` makes ``render_samples``
+    emit one sample per assistant turn, each with the prefix the model would really see.
+    ``call_ids: auto`` adapts ids where a template family requires it, ``keep`` passes them
+    unchanged. ``reasoning: auto`` is ``field`` if the template renders a reasoning field,
+    ``inline`` if it handles ``<think>``, else ``drop``. ``thought: content`` puts the thought
+    before the content, separated by a blank line. ``tool_format: auto`` picks ``native`` where
+    the template renders tools and calls and its calls parse back, else the first fallback that
+    renders. ``assistant_prefix`` is added at the token level (the template never sees it); a
+    message that records its own prefix (``extra["assistant_prefix"]``, as rollouts do) keeps that
+    one.
     """
 
-    train_on: Literal["all", "last", "hint", "all_tokens"] = "hint"
-    end_of_turn: str | list[str] | None = None
-    non_prefix: Literal["error", "split"] = "error"
-    call_ids: Literal["auto", "keep", "mistral"] = "auto"
-    reasoning: Literal["auto", "field", "inline", "drop"] = "auto"
-    thought: Literal["content", "drop"] = "content"
-    tool_format: ToolFormatName = "auto"
-    system_role: Literal["auto", "native", "fold"] = "auto"
-    tool_role: Literal["auto", "native", "user"] = "auto"
-    content_format: Literal["auto", "string", "parts"] = "auto"
-    arguments_format: Literal["auto", "dict", "string"] = "auto"
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    assistant_prefix: str | None = None
+    train_on: Literal["all", "last", "hint", "all_tokens"] = setting(
+        "hint", description="which assistant turns carry loss: all, the last one, or as each message's train hint "
+                            "says (all when there is none); all_tokens: every token, system, user and tool results "
+                            "too (agentic continual pre-training; the only choice for format: text)")
+    end_of_turn: str | list[str] | None = setting(
+        None, description="string(s) closing an assistant turn; default: detected per turn type from the template")
+    non_prefix: Literal["error", "split"] = setting(
+        "error", description="templates that rewrite earlier turns: refuse (error) or one sample per turn (split)")
+    call_ids: Literal["auto", "keep", "mistral"] = setting(
+        "auto", description="adapt tool-call ids to what the template accepts (mistral: 9 alphanumeric characters)")
+    reasoning: Literal["auto", "field", "inline", "drop"] = setting(
+        "auto", description="where reasoning_content goes: the template's reasoning field, an inline <think> block, "
+        "or nowhere")
+    thought: Literal["content", "drop"] = setting(
+        "content", description="a visible thought (e.g. ADP's description): trained before the content, or dropped")
+    tool_format: ToolFormatName = setting(
+        "auto", description="native: the template's own tool support; hermes / llama3_json / pythonic: tools, calls "
+        "and results written as text in that convention; auto: native where the template renders tools and calls, "
+        "else hermes")
+    system_role: Literal["auto", "native", "fold"] = setting(
+        "auto", description="fold: the system prompt goes into the first user turn (auto: when the template refuses "
+        "a system message)")
+    tool_role: Literal["auto", "native", "user"] = setting(
+        "auto", description="user: tool results are rendered as user turns (auto: when the template refuses tool "
+        "messages)")
+    content_format: Literal["auto", "string", "parts"] = setting(
+        "auto", description="parts: message content passed as a list of text parts (auto: when the template ignores "
+        "plain strings)")
+    arguments_format: Literal["auto", "dict", "string"] = setting(
+        "auto", description="string: tool-call arguments passed as JSON text (auto: when the template prints "
+        "arguments as given)")
+    template_kwargs: dict[str, Any] = setting(
+        default_factory=dict, description="extra template variables, e.g. {enable_thinking: false}")
+    assistant_prefix: str | None = setting(
+        None, description="text injected right after the assistant header of every agent turn and kept in the "
+        "history (a prefix injection guard, docs/ping.md); prompt tokens: no loss, no RL credit")
 
 
 #: Where a rollout records the prefix it injected before an assistant turn (``Message.extra``).
