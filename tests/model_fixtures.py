@@ -14,3 +14,12 @@ class FixedLogits(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, use_cache=False):
         return type("O", (), {"logits": self.logits})()
+
+
+def randomize_lora_b(model, seed: int, scale: float = 0.1) -> None:
+    """Give every LoRA B matrix random values (PEFT starts them at 0), so the adapter changes the model."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)

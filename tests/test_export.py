@@ -10,6 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from model_fixtures import randomize_lora_b
+
 from trajtune import __version__
 from trajtune.cli.main import app
 from trajtune.errors import OutputError
@@ -28,11 +30,7 @@ def adapter(tiny_dir, tmp_path_factory) -> Path:
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_dir),
                            LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
                                       task_type="CAUSAL_LM"))
-    g = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    randomize_lora_b(model, seed=11)
     out = tmp_path_factory.mktemp("lora") / "adapter"
     model.save_pretrained(out)  # no tokenizer: export takes the base's
     return out

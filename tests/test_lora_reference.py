@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 
+from model_fixtures import randomize_lora_b
+
 from trajtune.algorithms.batch import collate, token_logprobs
 from trajtune.errors import ConfigError
 from trajtune.models.loading import LoraConfig, load_model
@@ -20,11 +22,7 @@ from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 def adapter(tiny_dir, tiny_tok, tmp_path_factory):
     """A saved LoRA adapter on the tiny model with non-zero B (so it changes the model)."""
     model = load_model(str(tiny_dir), lora=LoraConfig(r=4, alpha=8))
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    randomize_lora_b(model, seed=3, scale=0.2)
     out = tmp_path_factory.mktemp("adapter") / "sft-final"
     model.save_pretrained(out)
     tiny_tok.save_pretrained(out)  # as an SFT run's final directory holds it

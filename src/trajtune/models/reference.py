@@ -39,12 +39,6 @@ class AdapterReference:
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return _peft(self.model).parameters()
 
-    def eval(self) -> "AdapterReference":
-        return self
-
-    def requires_grad_(self, flag: bool = False) -> "AdapterReference":
-        return self
-
     @contextmanager
     def _step0(self) -> Iterator[None]:
         pm = _peft(self.model)
