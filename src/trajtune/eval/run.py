@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,14 +51,19 @@ def model_context_length(name_or_path: str, tokenizer: Any) -> int | None:
 
     from transformers import AutoConfig
 
-    source = name_or_path
-    adapter = Path(name_or_path).expanduser() / "adapter_config.json"
-    if adapter.exists():
-        source = json.loads(adapter.read_text()).get("base_model_name_or_path") or name_or_path
+    from trajtune.models.resolve import ModelLoadError, resolve_model
+
     limits = []
     try:
+        # an alias or a GGUF resolves to its local conversion: asking the hub for the alias's name
+        # would cost retries offline (and could find a stranger's model of that name)
+        source = resolve_model(name_or_path, notify=None).path
+        adapter = Path(source) / "adapter_config.json"
+        if adapter.exists():
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path") or source
+            source = resolve_model(base, notify=None).path
         limits.append(getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", None))
-    except (OSError, ValueError):  # an id that is not cached, an unknown architecture: no limit known
+    except (OSError, ValueError, ModelLoadError):  # an id that is not cached, an unknown architecture: no limit known
         pass
     limits.append(getattr(tokenizer, "model_max_length", None))
     sane = [n for n in limits if isinstance(n, int) and 0 < n < 10_000_000]
@@ -121,6 +127,7 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         judge = make_judge(settings.judge, model=settings.judge_model or "default", rubric=settings.judge_rubric,
                            max_tokens=settings.judge_max_tokens or 256, workers=settings.workers,
                            device=settings.device)
+    fresh = out_dir is not None and not Path(out_dir).exists()  # removed again if the model does not load
     store = EvalStore(out_dir, settings.as_dict(), resume=resume, overwrite=overwrite) if out_dir is not None else None
     for warning in store.warnings if store is not None else []:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
@@ -129,7 +136,14 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         if backend is None:
             from trajtune.models.loading import load_model, to_device
 
-            model = to_device(load_model(settings.model, trainable=False), settings.device)
+            try:
+                model = to_device(load_model(settings.model, trainable=False), settings.device)
+            except BaseException:
+                if fresh and store is not None:
+                    store.close()
+                    shutil.rmtree(out_dir, ignore_errors=True)
+                    store = None
+                raise
             if settings.bayes_lora:
                 from trajtune.safety.bayes_lora import BayesLoRAScorer, lora_dropout_rate
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.resolve import resolve_model
+from trajtune.models.resolve import check_hub, resolve_model
 
 __all__ = ["LoraConfig", "ModelLoadError", "load_model", "load_tokenizer", "resolve_model"]
 
@@ -45,7 +45,10 @@ def _quiet_transformers() -> None:
 def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
-    path = resolve_model(name_or_path).path
+    src = resolve_model(name_or_path)
+    if src.kind == "hub":
+        check_hub(src.path)
+    path = src.path
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except OSError as e:
@@ -81,9 +84,12 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
     keeping them: less memory for about a third more compute. It acts in training mode only, so
     rollouts (run in eval mode) keep their KV cache."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     src = resolve_model(name_or_path)
+    if src.kind == "hub":
+        check_hub(src.path)
     _quiet_transformers()
     torch_dtype: Any = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
                         "float16": torch.float16}[dtype]
@@ -108,6 +114,9 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
             model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
     except OSError as e:
         raise ModelLoadError(f"could not load a model from {name_or_path!r}: {e}") from None
+    except SafetensorError as e:  # a truncated copy, a failed download, a file that only has the name
+        raise ModelLoadError(f"could not load a model from {name_or_path!r}: a .safetensors weights file in "
+                             f"{src.path} is corrupt or truncated ({e}); copy or save the model again") from None
     if lora is not None:
         from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model

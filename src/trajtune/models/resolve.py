@@ -43,7 +43,12 @@ def _notify(message: str) -> None:
 
 
 def _looks_local(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or name.count("/") > 1
+    """A path, not a hub id (``org/name``): it starts like one, has more than one slash, or its first
+    part is a directory here (``runs/nope`` beside a ``runs/`` folder)."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name:
+        return True
+    head = name.split("/", 1)[0]
+    return "/" in name and Path(head).is_dir()
 
 
 def _from_alias(alias: ModelAlias, notify: Callable[[str], None] | None) -> ResolvedModel:
@@ -73,7 +78,8 @@ def resolve_model(name: str, *, notify: Callable[[str], None] | None = _notify) 
     if p.parent.name == "models" and _CONVERTED.fullmatch(p.name):
         return _converted_elsewhere(p, notify)
     if _looks_local(name):
-        raise ModelLoadError(f"model path {name!r} does not exist")
+        raise ModelLoadError(f"model path {name!r} does not exist (no such directory here); pass a saved model "
+                             "directory, a .gguf file, an alias (`trajtune models list`) or a hub id")
     if "/" not in name:
         get_alias(name)  # raises: an unknown alias
     return ResolvedModel(name, "hub")
@@ -128,3 +134,36 @@ def list_models() -> list[dict[str, object]]:
                          "hf_bytes": _dir_bytes(d), "licence": None, "description": "converted GGUF file",
                          "install": None})
     return rows
+
+
+_HUB_CHECKED: set[str] = set()
+
+
+def check_hub(name: str) -> None:
+    """One quick request before a hub id is loaded, so offline is one line in a second, not a minute of
+    retries per file; an id already in the local cache (or checked before) is not asked again."""
+    import os
+
+    if name in _HUB_CHECKED:
+        return
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        _HUB_CHECKED.add(name)
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelLoadError(f"{name!r} is not in the local model cache and HF_HUB_OFFLINE is set; pass a local "
+                             "directory, a .gguf file or an alias (`trajtune models list`), or unset HF_HUB_OFFLINE")
+    try:
+        model_info(name, timeout=10)
+    except GatedRepoError:
+        raise ModelLoadError(f"{name!r} is gated on the model hub: accept its terms on the model page and log in "
+                             "(`hf auth login`)") from None
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"{name!r} is not a model on the hub (or is private: log in with `hf auth login`); "
+                             "check the id, or pass a local directory, a .gguf file or an alias") from None
+    except Exception as e:  # noqa: BLE001 - any transport failure: the hub cannot be reached
+        raise ModelLoadError(f"cannot reach the model hub to load {name!r} ({type(e).__name__}: {e}); offline? "
+                             "pass a local directory, a .gguf file or an alias (`trajtune models list`)") from None
+    _HUB_CHECKED.add(name)
