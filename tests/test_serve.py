@@ -77,7 +77,10 @@ def test_bad_requests_get_a_400_and_the_server_stays_up(server):
     for body, needle in [({"messages": []}, "non-empty"), ({"messages": [{"role": "user", "content": "hi"}], "n": 3},
                                                            "`n` is not supported"),
                          ({"messages": [{"role": "wizard", "content": "x"}]}, "do not convert"),
-                         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens")]:
+                         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+                         # a streaming client must not get a non-streamed body it cannot read
+                         ({"messages": [{"role": "user", "content": "hi"}], "stream": True},
+                          "`stream` is not supported")]:
         status, out = _post(url, body)
         assert status == 400 and needle in out["error"]["message"], (body, out)
     status, out = _post(url, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})

@@ -144,10 +144,18 @@ def _kind(run: Path, cfg: dict[str, Any]) -> str:
     return "run"
 
 
+#: Files of which a run, an evaluation or a demo directory holds at least one.
+RUN_MARKERS = ("config.yaml", "run.json", "metrics.jsonl", "result.json", "results.json", "summary.json",
+               "rollouts.jsonl", "episodes.jsonl", "demo_settings.json")
+
+
 def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
     run = Path(run_dir)
     if not run.is_dir():
         raise InputNotFoundError(f"{run}: no such run directory (give the output_dir of a run or an eval --out)")
+    if not any((run / m).exists() for m in RUN_MARKERS):  # a report would be an empty page dropped in any folder
+        raise InputNotFoundError(f"{run}: not a run directory (it has none of {', '.join(RUN_MARKERS)}); give the "
+                                 "output_dir of a training run, an `eval --out` directory or a demo directory")
     config_text, cfg = _read_config(run)
     data = _Data(title=run.resolve().name, kind=_kind(run, cfg), config=config_text)
     if config_text is None:

@@ -64,9 +64,12 @@ class ChatService:
 
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise BadRequest("`messages` must be a non-empty list")
-        for key in ("n", "stream"):
-            if body.get(key) not in (None, 1, False):
-                raise BadRequest(f"`{key}` is not supported by trajtune serve (one non-streamed choice)")
+        # `stream` apart: True == 1 in Python, so a membership test would let `stream: true` through
+        if body.get("stream") not in (None, False):
+            raise BadRequest("`stream` is not supported by trajtune serve (one non-streamed choice): send "
+                             "stream: false")
+        if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
+            raise BadRequest("`n` is not supported by trajtune serve (one non-streamed choice)")
         try:
             traj, _ = to_ir({"messages": body["messages"], "tools": body.get("tools") or []})
         except Exception as e:  # noqa: BLE001 - the client's input: a 400 naming what is wrong
@@ -145,8 +148,8 @@ class ChatService:
         for key in ("n", "best_of"):
             if body.get(key) not in (None, 1):
                 raise BadRequest(f"`{key}` is not supported by trajtune serve (send the prompt several times)")
-        if body.get("stream"):
-            raise BadRequest("`stream` is not supported by trajtune serve")
+        if body.get("stream") not in (None, False):
+            raise BadRequest("`stream` is not supported by trajtune serve: send stream: false")
         temperature, top_p, max_new, seed = self._sampling(body, body.get("max_tokens"))
         stops = body.get("stop_token_ids")
         if stops is None:

@@ -58,6 +58,17 @@ def assistant_prefix_text(text: str | None, file: Path | None, render: dict[str,
     return text
 
 
+def _count_options(benchmark: str | None, suite: str | None, tasks: int | None, limit: int | None) -> None:
+    """Each mode has one count option; the other one would be silently ignored (an hours-long BFCL
+    run on a CPU for ``--tasks 3``), so it is refused with the option that does apply."""
+    if benchmark == "bfcl" and tasks is not None and suite is None:
+        raise UsageError(f"--tasks counts an environment's tasks; BFCL runs every entry of each category unless "
+                         f"--limit N takes the first N (use --limit {tasks})")
+    if benchmark != "bfcl" and limit is not None:
+        raise UsageError(f"--limit takes the first N entries of each BFCL category; an environment's tasks are "
+                         f"counted with --tasks (use --tasks {limit})")
+
+
 def eval_(
     model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir), or openai:URL for an OpenAI-compatible endpoint.")],
     env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
@@ -67,7 +78,8 @@ def eval_(
     categories: Annotated[Optional[str], typer.Option(
         "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
                              "or groups (single_turn, multi_turn, live, non_live, all). Default: all.")] = None,
-    n_tasks: Annotated[int, typer.Option("--tasks", help="Held-out environment tasks to run.")] = 64,
+    n_tasks: Annotated[Optional[int], typer.Option("--tasks", help="Held-out environment tasks to run "
+                                                   "(default 64; BFCL takes --limit).")] = None,
     split: Annotated[str, typer.Option(help="The environment's tasks to draw: test (held out), or train for a "
                                             "validation score that leaves the test tasks unseen while choosing "
                                             "settings (pick a --seed your training did not use).")] = "test",
@@ -159,6 +171,7 @@ def eval_(
 
     if (resume or overwrite) and out is None:
         raise UsageError("--resume and --overwrite act on --out; give --out DIR")
+    _count_options(benchmark, suite, n_tasks, limit)
     env_kwargs = _env_kwargs(env_arg)
     render = render_overrides(set_)
     prefix = assistant_prefix_text(assistant_prefix, assistant_prefix_file, render)
@@ -172,7 +185,7 @@ def eval_(
     settings = EvalSettings(
         model=model, env=env, benchmark=benchmark,
         categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
-        env_kwargs=env_kwargs, tasks=n_tasks, split=split, limit=limit, n=n, ks=k or [1], temperature=temperature,
+        env_kwargs=env_kwargs, tasks=64 if n_tasks is None else n_tasks, split=split, limit=limit, n=n, ks=k or [1], temperature=temperature,
         top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render,

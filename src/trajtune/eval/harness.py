@@ -106,6 +106,12 @@ class EvalSettings:
             raise UsageError("--split chooses an environment's tasks; a benchmark has its own entries (leave --split out)")
         if self.n < 1 or self.tasks < 1 or (self.limit is not None and self.limit < 1):
             raise UsageError("--n, --tasks and --limit must be at least 1")
+        if self.temperature < 0:
+            raise UsageError(f"--temperature must be at least 0 (0 = greedy), not {self.temperature:g}")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"--top-p must be in (0, 1], not {self.top_p:g}")
+        if self.max_new_tokens < 1 or self.batch_size < 1 or self.workers < 1:
+            raise UsageError("--max-new-tokens, --batch-size and --workers must be at least 1")
         if self.best_of is not None:
             if self.best_of < 2:
                 raise UsageError("--best-of needs at least 2 candidates")
