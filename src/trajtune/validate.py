@@ -10,8 +10,10 @@ The validator reports; it never fixes data (fixing is a conversion, with a decla
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -64,6 +66,8 @@ _RULES = [
     Rule("E205", "tool-calls-role", "tool_calls on a non-assistant message", "only assistant messages make tool calls"),
     Rule("E206", "tool-call-id-role", "tool_call_id on a non-tool message", "only tool messages answer calls"),
     Rule("E207", "thought-role", "thought/reasoning on a non-assistant message", "move the rationale to the assistant message"),
+    Rule("W208", "id-duplicate", "trajectory id used by an earlier record of the file",
+         "give every trajectory its own id (`trajtune data dedup` drops exact copies)"),
     # calls and results
     Rule("E210", "call-id-duplicate", "tool call id used twice in a trajectory", "make call ids unique (or drop them and let trajtune generate)"),
     Rule("E211", "result-orphan", "tool message answers no earlier call", "set tool_call_id to the id of an earlier call"),
@@ -438,6 +442,7 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
     fmt_name = format
     fmt = get_format(format) if format else None
     seen = False
+    ids = DuplicateIds()
     for ln in iter_json_lines(path, max_line_bytes=max_line_bytes):
         loc: dict[str, Any] = {"file": file, "line": ln.lineno}
         if ln.bom:
@@ -494,6 +499,9 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
             continue
         found = validate_trajectory(traj, file=file, line=ln.lineno, export_format=export_format, sft=sft,
                                     check_strings=False)
+        first = ids.earlier(traj.id, ln.lineno)
+        if first is not None:
+            found.append(_finding("W208", f"id {traj.id!r} was first used on line {first}", **loc))
         if not bad and not any(f.severity == "E" for f in found):
             stats["valid"] += 1
         yield from found
@@ -501,25 +509,59 @@ def iter_findings(path: str | os.PathLike[str], format: str | None = None, *, ex
         yield _finding("E104", "no records in file", file=file)
 
 
-def record_check(path: str | os.PathLike[str], *, sft: bool = True,
-                 export_format: str | None = None) -> Callable[[Trajectory, int], RecordError | None]:
+class DuplicateIds:
+    """First line of each trajectory id seen in one file (8 bytes of hash per id: bounded memory)."""
+
+    def __init__(self) -> None:
+        self.first: dict[bytes, int] = {}
+
+    def earlier(self, traj_id: str, line: int) -> int | None:
+        """The line that used ``traj_id`` first, or None when this is its first use (now recorded)."""
+        key = hashlib.blake2b(traj_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        first = self.first.get(key)
+        if first is None:
+            self.first[key] = line
+        return first
+
+
+class RecordCheck:
     """The validation rules as an ``iter_records(check=...)`` hook: the first error (E) finding of a
     record as a :class:`RecordError` (file:line, record id, rule, message index, hint), or None.
 
     Used by every command that reads data to produce something (convert, mix, split, dedup, sft),
-    so none of them accepts a record that ``trajtune data validate`` rejects. Warnings pass."""
-    def check(traj: Trajectory, line: int) -> RecordError | None:
-        errors = [f for f in validate_trajectory(traj, file=str(path), line=line, export_format=export_format, sft=sft)
-                  if f.severity == "E"]
+    so none of them accepts a record that ``trajtune data validate`` rejects. Warnings pass, and are
+    counted per rule in ``warnings`` (records affected), so a command can say what ``validate`` would."""
+
+    def __init__(self, path: str | os.PathLike[str], *, sft: bool = True, export_format: str | None = None):
+        self.path, self.sft, self.export_format = path, sft, export_format
+        self.warnings: Counter[str] = Counter()
+        self._ids = DuplicateIds()
+
+    def __call__(self, traj: Trajectory, line: int) -> RecordError | None:
+        found = validate_trajectory(traj, file=str(self.path), line=line, export_format=self.export_format,
+                                    sft=self.sft)
+        errors = [f for f in found if f.severity == "E"]
         if not errors:
+            for rule in {f.rule for f in found if f.severity == "W"}:
+                self.warnings[rule] += 1
+            if self._ids.earlier(traj.id, line) is not None:
+                self.warnings["W208"] += 1
             return None
         f = errors[0]
         where = f"messages[{f.message_index}]: " if f.message_index is not None else ""
         more = f" (+{len(errors) - 1} more error(s) in this record)" if len(errors) > 1 else ""
-        return RecordError(path, line, f"{f.name}: {where}{f.message}{more}", rule=f.rule, record_id=traj.id,
+        return RecordError(self.path, line, f"{f.name}: {where}{f.message}{more}", rule=f.rule, record_id=traj.id,
                            hint=f.hint)
 
-    return check
+    def summary(self) -> str | None:
+        """``W222 arguments-double-encoded: 3, …`` (records affected), or None without warnings."""
+        if not self.warnings:
+            return None
+        return ", ".join(f"{r} {RULES[r].name}: {n}" for r, n in sorted(self.warnings.items()))
+
+
+def record_check(path: str | os.PathLike[str], *, sft: bool = True, export_format: str | None = None) -> RecordCheck:
+    return RecordCheck(path, sft=sft, export_format=export_format)
 
 
 def validate_file(path: str | os.PathLike[str], format: str | None = None, **kw: Any) -> list[Finding]:
@@ -531,5 +573,6 @@ def has_errors(findings: list[Finding], strict: bool = False) -> bool:
     return any(f.severity == "E" or (strict and f.severity == "W") for f in findings)
 
 
-__all__ = ["BUILTIN_TOOLS", "Finding", "RULES", "Rule", "has_errors", "iter_findings", "record_check",
+__all__ = ["BUILTIN_TOOLS", "DuplicateIds", "Finding", "RULES", "RecordCheck", "Rule", "has_errors",
+           "iter_findings", "record_check",
            "schema_violations", "validate_file", "validate_trajectory"]

@@ -25,7 +25,7 @@ import typer
 
 from trajtune.errors import DataError, OutputError, UsageError, require_input
 from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
-from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem
+from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem, open_data
 from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
 
 data_app = typer.Typer(
@@ -55,14 +55,26 @@ def _path_errors(skippable: bool = False) -> Iterator[None]:
         raise DataError(f"{e.filename}: {e.strerror}") from None
 
 
-def _input(path: Path) -> Path:
+def _input(path: Path, *, records: bool = True) -> Path:
     """The same check, message and exit code for a missing or unreadable input file in every command
-    (gzip files are fine)."""
+    (gzip files are fine). ``records``: a file with no records is an error too (E104), before an
+    empty output is written; ``data validate`` reports it as a finding instead."""
     require_input(path)
     why = input_problem(path)
     if why is not None:
         raise DataError(why)
+    if records and not _has_records(path):
+        from trajtune.validate import RULES  # as record_check: validate loads every converter
+
+        rule = RULES["E104"]
+        raise DataError(f"{path}: no records in file (E104 {rule.name}); {rule.hint}")
     return path
+
+
+def _has_records(path: Path) -> bool:
+    """Whether any line holds something other than whitespace (reads up to the first such line)."""
+    with open_data(path) as f:
+        return any(line.strip() for line in f)
 
 
 def _format(name: str) -> Any:
@@ -78,6 +90,14 @@ def _valid(path: Path) -> Any:
     from trajtune.validate import record_check
 
     return record_check(path)
+
+
+def _print_warnings(check: Any, path: Path) -> None:
+    """The validation warnings the records passed with (``check`` from ``_valid``), as `data validate`
+    names them: duplicate ids and double-encoded arguments are not silently written back out."""
+    summary = check.summary()
+    if summary:
+        typer.echo(f"warnings in {path} (records affected): {summary}; `trajtune data validate {path}` shows each")
 
 
 def _check_output(out: Path, overwrite: bool, inputs: list[Path]) -> None:
@@ -131,7 +151,7 @@ def validate(
         if format:
             _format(format)
         for path in files:
-            _input(path)
+            _input(path, records=False)  # an empty file is reported as finding E104 with the others
             stats: dict[str, int] = {}
             counts = Counter()
             findings = []
@@ -207,9 +227,10 @@ def convert(
         stats = LoadStats()
         losses = Counter()
         warnings = 0
+        check = _valid(input)
         with AtomicJsonlWriter(output, overwrite=overwrite) as w:
             for _, traj, rep in iter_records(input, format, skip_invalid=skip_invalid, stats=stats,
-                                             max_line_bytes=max_line_mb * 1024 * 1024, check=_valid(input)):
+                                             max_line_bytes=max_line_mb * 1024 * 1024, check=check):
                 rec, rep2 = export(traj)
                 for loss in rep2.losses:
                     losses[loss] += 1
@@ -221,6 +242,7 @@ def convert(
         typer.echo("declared losses (records affected): " + ", ".join(f"{k}={v}" for k, v in sorted(all_losses.items())))
     if warnings:
         typer.echo(f"{warnings} conversion warning(s); run `trajtune data validate` for details")
+    _print_warnings(check, input)
     _print_skips(stats)
 
 
@@ -410,7 +432,9 @@ def mix(
         counts = []
         for p, _ in parsed:
             ls = LoadStats()
-            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls, check=_valid(p))))
+            check = _valid(p)
+            counts.append(sum(1 for _ in iter_records(p, format, skip_invalid=skip_invalid, stats=ls, check=check)))
+            _print_warnings(check, p)
             _print_skips(ls, f" in {p}")
         if n is None:
             n = min(int(c * total_w / w) for c, (_, w) in zip(counts, parsed))
@@ -490,8 +514,9 @@ def split(
             edges.append(acc)
         ls = LoadStats()
         writers = [AtomicJsonlWriter(o, overwrite=overwrite) for o in outs]
+        check = _valid(input)
         try:
-            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=_valid(input)):
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=check):
                 b = _bucket(traj.id, seed)
                 k = next((i for i, e in enumerate(edges) if b < e), len(edges) - 1)
                 writers[k].write(export(traj)[0])
@@ -502,6 +527,7 @@ def split(
         for w in writers:
             w.__exit__(None, None, None)
     typer.echo("split: " + ", ".join(f"{name}={w.count}" for (name, _), w in zip(parts, writers)) + f" -> {out_dir}")
+    _print_warnings(check, input)
     _print_skips(ls)
 
 
@@ -553,8 +579,9 @@ def dedup(
         seen: set[bytes] = set()
         dropped = 0
         ls = LoadStats()
+        check = _valid(input)
         with AtomicJsonlWriter(output, overwrite=overwrite) as w:
-            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=_valid(input)):
+            for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=check):
                 k = dedup_key(traj, mode)
                 if k in seen:
                     dropped += 1
@@ -562,6 +589,7 @@ def dedup(
                 seen.add(k)
                 w.write(export(traj)[0])
     typer.echo(f"kept {w.count}, dropped {dropped} duplicate(s) ({mode}) -> {output}")
+    _print_warnings(check, input)
     _print_skips(ls)
 
 
