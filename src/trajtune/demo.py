@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.table import Table
 
 from trajtune.chat.render import message_to_template_dict, tools_to_template
@@ -106,6 +107,42 @@ def select_weak_checkpoint(ckpt_root: Path, p: dict[str, Any], seed: int) -> tup
     return ckpts[-1], probed  # every kept checkpoint already solves the probe: take the oldest
 
 
+def sft_config(out: Path, p: dict[str, Any], seed: int, name: str, steps: int, save_every: int,
+               keep_last: int) -> SFTRunConfig:
+    return SFTRunConfig.model_validate({
+        "model": str(out / "base-model"), "output_dir": str(out / name), "seed": seed,
+        "data": {"path": str(out / "data" / "train.jsonl"), "format": "ir", "max_length": p["max_length"]},
+        "train": {"steps": steps, "lr": p["sft_lr"], "batch_size": p["batch_size"],
+                  "micro_batch_size": p["batch_size"], "warmup_steps": max(1, steps // 20),
+                  "save_every": save_every, "keep_last": keep_last},
+    })
+
+
+def rl_config(out: Path, p: dict[str, Any], seed: int, name: str, start: Path, steps: int) -> RLRunConfig:
+    return RLRunConfig.model_validate({
+        "model": str(start), "output_dir": str(out / name), "seed": seed,
+        "env": p["env"], "rollout": _rollout_cfg(p, p["rl_temperature"]),
+        "rl": {"estimator": "grpo", "tasks_per_step": p["tasks_per_step"], "group_size": p["group_size"],
+               "n_train_tasks": p["n_train"], "drop_equal_groups": True},
+        "train": {"steps": steps, "lr": p["rl_lr"], "schedule": "constant", "warmup_steps": p["rl_warmup"],
+                  "micro_batch_size": 32},
+    })
+
+
+def check_stages(out: Path, p: dict[str, Any], seed: int, every: int, keep: int) -> None:
+    """Every stage's config, validated before the demo does any work; a problem names the demo setting."""
+    stages = [("sft_steps", lambda: sft_config(out, p, seed, "sft", p["sft_steps"], every, keep)),
+              ("rl_steps_full", lambda: rl_config(out, p, seed, "rl", out / "sft" / "final", p["rl_steps_full"])),
+              ("rl_steps", lambda: rl_config(out, p, seed, "rl-weak", out / "sft" / "final", p["rl_steps"]))]
+    for setting, build in stages:
+        try:
+            build()
+        except ValidationError as e:
+            why = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
+            raise UsageError(f"demo setting {setting}={p[setting]} cannot run with the others: {why} (the demo's "
+                             f"settings: weak_save_every={p['weak_save_every']}, rl_warmup={p['rl_warmup']})") from None
+
+
 def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **overrides: Any) -> dict[str, Any]:
     t0 = time.time()
     unknown = set(overrides) - set(DEFAULTS)
@@ -115,6 +152,10 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     fixed = p["weak_sft_steps"]
     if fixed is not None and not 0 < fixed < p["sft_steps"]:
         raise UsageError("weak_sft_steps must be between 0 and sft_steps")
+    # The under-trained checkpoint is an earlier checkpoint of the same SFT run (no second run).
+    every = fixed if fixed is not None else p["weak_save_every"]
+    keep = p["sft_steps"] // every + 1 if fixed is not None else p["weak_keep"]
+    check_stages(Path(out_dir), p, seed, every, keep)  # settings no stage can run fail now, not minutes in
     existing = Path(out_dir)
     if not overwrite and existing.exists() and any(existing.iterdir()):
         done = "a finished demo" if (existing / "summary.json").exists() else "an unfinished demo or other files"
@@ -145,31 +186,13 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     summary["success_before_sft"] = _eval(base, p, out, "base", seed)
 
     def sft(name: str, steps: int, save_every: int, keep_last: int) -> Path:
-        cfg = SFTRunConfig.model_validate({
-            "model": str(base), "output_dir": str(out / name), "seed": seed,
-            "data": {"path": str(data_path), "format": "ir", "max_length": p["max_length"]},
-            "train": {"steps": steps, "lr": p["sft_lr"], "batch_size": p["batch_size"],
-                      "micro_batch_size": p["batch_size"], "warmup_steps": max(1, steps // 20),
-                      "save_every": save_every, "keep_last": keep_last},
-        })
-        run_sft(cfg)
+        run_sft(sft_config(out, p, seed, name, steps, save_every, keep_last))
         return out / name / "final"
 
     def rl(name: str, start: Path, steps: int) -> Path:
-        cfg = RLRunConfig.model_validate({
-            "model": str(start), "output_dir": str(out / name), "seed": seed,
-            "env": p["env"], "rollout": _rollout_cfg(p, p["rl_temperature"]),
-            "rl": {"estimator": "grpo", "tasks_per_step": p["tasks_per_step"], "group_size": p["group_size"],
-                   "n_train_tasks": p["n_train"], "drop_equal_groups": True},
-            "train": {"steps": steps, "lr": p["rl_lr"], "schedule": "constant", "warmup_steps": p["rl_warmup"],
-                      "micro_batch_size": 32},
-        })
-        run_rl(cfg)
+        run_rl(rl_config(out, p, seed, name, start, steps))
         return out / name / "final"
 
-    # The under-trained checkpoint is an earlier checkpoint of the same SFT run (no second run).
-    every = fixed if fixed is not None else p["weak_save_every"]
-    keep = p["sft_steps"] // every + 1 if fixed is not None else p["weak_keep"]
     sft_dir = sft("sft", p["sft_steps"], save_every=every, keep_last=keep)
     summary["success_after_sft"] = _eval(sft_dir, p, out, "sft", seed)
     rl_dir = rl("rl", sft_dir, p["rl_steps_full"])

@@ -13,6 +13,7 @@ This module imports nothing from trajtune, so every layer may use it.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
@@ -88,6 +89,28 @@ class RunDirError(OutputError):
     would silently change the run's configuration."""
 
 
+class StorageError(OutputError):
+    """The disk or folder refuses a write or read the user can fix: full, read-only, no permission.
+    Raised from the ``OSError`` where it happened (``storage_error``), so the message names the file."""
+
+
+_STORAGE_HINTS = {
+    errno.ENOSPC: "the disk is full: free space, or write somewhere else (--out / output_dir)",
+    errno.EDQUOT: "the disk quota is used up: free space, or write somewhere else (--out / output_dir)",
+    errno.EROFS: "the file system is read-only: write somewhere else (--out / output_dir)",
+    errno.EACCES: "no permission: check the folder's permissions, or use another path",
+    errno.EPERM: "not permitted: check the folder's permissions, or use another path",
+}
+
+
+def storage_error(e: BaseException) -> StorageError | None:
+    """The user-fixable form of an OS error (full disk, read-only or forbidden path), or None."""
+    if not isinstance(e, OSError) or e.errno not in _STORAGE_HINTS:
+        return None
+    where = f"{e.filename}: " if e.filename else ""
+    return StorageError(f"{where}{e.strerror or e}; {_STORAGE_HINTS[e.errno]}")
+
+
 class ServerError(UserError, RuntimeError):
     """A generation server (``rollout.server``) that cannot be used: unreachable, answering with an
     HTTP error, or unable to return what token-exact RL needs (token ids, log-probs, weight sync).
@@ -124,8 +147,8 @@ EXIT_CODES: dict[int, str] = {
     ModelLoadError.exit_code: "model or tokenizer cannot be loaded (ModelLoadError)",
     RenderError.exit_code: "chat template cannot render or would mis-mask (RenderError)",
     EnvError.exit_code: "unknown environment or bad environment arguments (EnvError)",
-    OutputError.exit_code: "output exists, nothing to resume, or a resume would change the config (OutputError, "
-                           "RunDirError)",
+    OutputError.exit_code: "output exists, nothing to resume, a resume would change the config, or the disk "
+                           "refuses the write: full, read-only (OutputError, RunDirError, StorageError)",
     ServerError.exit_code: "a generation server is unreachable, fails, or cannot return token ids / log-probs "
                            "(ServerError)",
     RankFailed.exit_code: "a process of a multi-process run died or stopped answering (RankFailed); the message "

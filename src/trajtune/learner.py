@@ -27,7 +27,8 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -106,6 +107,16 @@ def lr_lambda(cfg: LearnerConfig) -> Callable[[int], float]:
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
+
+
+@contextmanager
+def _removed_on_error(tmp: Path) -> Iterator[None]:
+    """A half-written temp directory (a full disk, a read-only folder) is removed, not left behind."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _rng_state() -> dict[str, Any]:
@@ -270,18 +281,19 @@ class Learner:
             shutil.rmtree(tmp)
         tmp.mkdir()
         model = self.accelerator.unwrap_model(self.model)
-        model.save_pretrained(tmp)
-        self.tok.save_pretrained(tmp)
-        self._save_extra(tmp)
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                    "rng": _rng_state()}, tmp / "trainer_state.pt")
-        if source_state is not None:
-            torch.save(source_state, tmp / "source_state.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
-        normal_permissions(tmp)
-        for f in (f for f in tmp.rglob("*") if f.is_file()):  # peft puts extra adapters in sub-directories
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        with _removed_on_error(tmp):
+            model.save_pretrained(tmp)
+            self.tok.save_pretrained(tmp)
+            self._save_extra(tmp)
+            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                        "rng": _rng_state()}, tmp / "trainer_state.pt")
+            if source_state is not None:
+                torch.save(source_state, tmp / "source_state.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "peft": is_peft(model)}))
+            normal_permissions(tmp)
+            for f in (f for f in tmp.rglob("*") if f.is_file()):  # peft puts extra adapters in sub-directories
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -535,10 +547,11 @@ class Learner:
         if tmp.exists():
             shutil.rmtree(tmp)
         model = self.accelerator.unwrap_model(self.model)
-        model.save_pretrained(tmp)
-        self.tok.save_pretrained(tmp)
-        self._save_extra(tmp)
-        normal_permissions(tmp)
+        with _removed_on_error(tmp):
+            model.save_pretrained(tmp)
+            self.tok.save_pretrained(tmp)
+            self._save_extra(tmp)
+            normal_permissions(tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)

@@ -77,8 +77,13 @@ def check_run_dir(path: str | Path, overwrite: bool = False, resume: bool = Fals
     says what the directory holds and which flag does what with it."""
     if overwrite and resume:
         raise UsageError("--overwrite and --resume exclude each other")
+    if Path(path).exists() and not Path(path).is_dir():
+        raise RunDirError(f"output directory {path} is an existing file, not a directory; choose another "
+                          "output_dir (or move the file)")
     st = inspect_run_dir(path)
     p = st.path
+    if st.status == "started" and not resume and _only_start_files(p):
+        return RunState(p, "new")  # it failed before anything was trained or mined: the fixed rerun may start
     if resume:
         if st.status == "new":
             raise RunDirError(f"--resume: {p} has no run to resume; run without --resume to start one")
@@ -99,6 +104,15 @@ def check_run_dir(path: str | Path, overwrite: bool = False, resume: bool = Fals
     else:
         why = "is not empty; pass --overwrite to replace it or choose another output_dir"
     raise RunDirError(f"output directory {p} already exists and {why}")
+
+
+#: What a run writes before its first step (``_write_common``): a directory holding only these lost
+#: nothing when the run failed (a bad model file, a wrong option), so a rerun may replace it.
+START_FILES = frozenset({"config.yaml", "run.json"})
+
+
+def _only_start_files(p: Path) -> bool:
+    return {x.name for x in p.iterdir()} <= START_FILES
 
 
 def prepare_run_dir(path: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
@@ -304,8 +318,13 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
         out = Path(cfg.output_dir)
     dist.barrier()
     ctx.out = out
-    ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype,
-                           gradient_checkpointing=cfg.train.gradient_checkpointing)
+    try:
+        ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype,
+                               gradient_checkpointing=cfg.train.gradient_checkpointing)
+    except BaseException:
+        if dist.is_main() and st.status == "new" and out.is_dir() and _only_start_files(out):
+            shutil.rmtree(out)  # a model that does not load leaves nothing behind
+        raise
 
     def reference() -> Any:
         if is_peft(ctx.model):  # the step-0 policy is inside the LoRA model: no second copy (models/reference.py)

@@ -32,7 +32,7 @@ from trajtune.cli.probe import probe_app
 from trajtune.cli.ping import ping_cmd
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
-from trajtune.errors import EXIT_CODES, Interrupted, UserError
+from trajtune.errors import EXIT_CODES, Interrupted, UserError, storage_error
 
 
 def _exit_code_epilog() -> str:
@@ -44,6 +44,7 @@ def report_error(e: BaseException, debug: bool) -> int:
     """Print ``e`` the way the error policy says and return the exit code."""
     if isinstance(e, KeyboardInterrupt):
         e = Interrupted("interrupted")
+    e = storage_error(e) or e  # a full disk or a read-only folder is the user's to fix, not a bug
     if isinstance(e, UserError):
         if debug:
             traceback.print_exception(e, file=sys.stderr)

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from trajtune.errors import UsageError
+
 
 def serve_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Model alias, .gguf file, HF id or local directory "
@@ -44,12 +46,16 @@ def serve_cmd(
     from trajtune.serve import ChatService, make_server
     from trajtune.train import check_chat_template
 
+    _check_port(host, port)  # before the model loads: a taken port is known in a millisecond
     config = load_render(render_overrides(set_)).to_render_config()
     tok = load_tokenizer(model, str(template) if template is not None else None)
     renderer = ChatRenderer(tok, config)
     check_chat_template(tok, renderer.config, model)
     service = ChatService(load_model(model, trainable=False), tok, renderer, name=model, max_tokens=max_tokens)
-    server = make_server(service, host, port)
+    try:
+        server = make_server(service, host, port)
+    except OSError as e:  # taken between the check and now
+        raise _port_error(host, port, e) from None
     h, p = server.server_address[:2]
     console.print(f"serving {model} at http://{h}:{p}/v1 (POST /v1/chat/completions, /v1/completions); Ctrl-C stops", soft_wrap=True)
     try:
@@ -58,3 +64,27 @@ def serve_cmd(
         console.print("stopped")
     finally:
         server.server_close()
+
+
+def _port_error(host: str, port: int, e: OSError) -> UsageError:
+    return UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}; stop what uses the port, or choose "
+                      "another --port (0 picks a free one)")
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind ``host:port`` as the server will (address reuse on, as http.server sets it) and let go."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UsageError(f"cannot serve on {host}:{port}: unknown host ({e.strerror})") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise _port_error(host, port, e) from None

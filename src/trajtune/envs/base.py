@@ -159,7 +159,11 @@ def make_env(name: str, /, **kwargs: Any) -> Environment:
         raise EnvError(f"environment {name!r}: {e}") from None
     except ValueError:  # no signature to check (a builtin): let the call decide
         pass
-    return factory(**kwargs)
+    try:
+        return factory(**kwargs)
+    except ValueError as e:  # an option value the environment refuses (--env-arg difficulty=banana)
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise EnvError(f"environment {name!r} rejected its options ({shown}): {e}") from None
 
 
 def list_envs() -> dict[str, EnvFactory]:
