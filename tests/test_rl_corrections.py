@@ -18,7 +18,8 @@ from trajtune.algorithms.grpo import (
     whiten_advantages,
 )
 from trajtune.chat.render import ChatRenderer
-from trajtune.config import ConfigError, load_run_config
+from trajtune.algorithms.registry import load_run_config
+from trajtune.config import ConfigError
 from trajtune.envs import make_env
 from trajtune.experience import RolloutSource, rl_transforms
 from trajtune.learner import Learner, LearnerConfig, set_seed, split_units

@@ -515,26 +515,6 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
     return validate_config(data, cls, source)
 
 
-def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
-                    algorithm: str | None = None) -> Any:
-    """A run config of any registered algorithm, chosen by its ``algorithm:`` key (the union's tag).
-    ``algorithm`` is what the command implies (``trajtune sft`` → sft); a config naming another
-    algorithm is refused rather than silently run as something else."""
-    from trajtune.algorithms.registry import algorithms
-
-    data, source = read_config(path, overrides)
-    known = algorithms()
-    tag = data.get("algorithm", algorithm)
-    if tag is None:
-        raise ConfigError(f"{source}: no `algorithm:` key; set one of: {', '.join(sorted(known))}")
-    if algorithm is not None and tag != algorithm:
-        raise ConfigError(f"{source}: algorithm: {tag} is not a {algorithm} config; run it with "
-                          f"`trajtune train --config {source}`")
-    if tag not in known:
-        raise ConfigError(f"{source}: unknown algorithm {tag!r}; known: {', '.join(sorted(known))}")
-    return validate_config({**data, "algorithm": tag}, known[tag].config, source)
-
-
 class EnvRunBase(RunBase):
     """A run that acts in an environment (rl, rft, dpo mined from rollouts)."""
 

@@ -77,14 +77,14 @@ class HFBackend:
     def complete(self, prompts: Sequence[Prompt], *, seed: int) -> list[str | None]:
         import torch
 
-        from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
+        from trajtune.generation import sampler_for
         from trajtune.rollout import _generate  # the rollout's own sampler: same decoding as RL
 
-        spec = dualtune_spec(self.model)
         eot = self.renderer.stop_ids()
         cfg = self._config(1)
-        # two-stage decoding for a DualTune model (dualtune_decode)
-        dual = DualTuneSampler(self.model, self.tok, spec, cfg.temperature, cfg.top_p, eot) if spec is not None else None
+        # a sampler the model carries (a DualTune model decodes in two stages), else generate()
+        own = sampler_for(self.model, self.tok, temperature=cfg.temperature, top_p=cfg.top_p, stop_ids=eot,
+                          reuse_cache=False)
         out: list[str | None] = [None] * len(prompts)
         seqs = [self.renderer.prompt_ids(m, t) for m, t in prompts]  # with render.assistant_prefix
         fits = [i for i, s in enumerate(seqs) if len(s) < self.max_length]
@@ -95,8 +95,8 @@ class HFBackend:
                 rows = fits[b0:b0 + self.batch_size]
                 room = [min(self.max_new_tokens, self.max_length - len(seqs[i])) for i in rows]
                 with torch.no_grad():
-                    if dual is not None:
-                        gens = [g[:3] for g in dual.turn([(None, seqs[i]) for i in rows], room, seed + b0)]
+                    if own is not None:
+                        gens = [g[:3] for g in own.turn([(None, seqs[i]) for i in rows], room, seed + b0)]
                     else:
                         gens = _generate(self.model, self.tok, [seqs[i] for i in rows], room, cfg, eot, seed + b0)
                 for i, (ids, _lps, ended) in zip(rows, gens):

@@ -75,7 +75,9 @@ def to_device(model: Any, device: str = "auto") -> Any:
 
 def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str = "auto",
                trainable: bool = True, gradient_checkpointing: bool = False) -> Any:
-    """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given.
+    """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given. A directory an
+    algorithm saved with more than one adapter (DualTune) is completed by that algorithm's load hook:
+    load it for inference with ``algorithms.registry.load_trained``.
 
     ``gradient_checkpointing`` recomputes each layer's activations in the backward pass instead of
     keeping them: less memory for about a third more compute. It acts in training mode only, so
@@ -100,10 +102,6 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
             model = PeftModel.from_pretrained(model, src.path, is_trainable=trainable and lora is None)
             if lora is not None:
                 model = model.merge_and_unload()
-            elif not trainable:  # a DualTune directory, for inference: its argument adapters too (dualtune_decode)
-                from trajtune.dualtune_decode import load_dualtune_adapters
-
-                model = load_dualtune_adapters(model, src.path)
         else:
             model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
     except OSError as e:
