@@ -442,7 +442,7 @@ def _prepare(cfg: DPORunConfig, ctx: RunContext) -> list[list[TokenTrajectory]] 
 
 
 def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajectory]] | None) -> Recipe:
-    from trajtune.algorithms.grpo import add_ref_logprobs
+    from trajtune.algorithms.episode_transforms import add_ref_logprobs
     from trajtune.envs.base import make_env
     from trajtune.experience import IterativeSource
     from trajtune.rollout import run_rollouts

@@ -32,7 +32,8 @@ from typing import Any
 
 from pydantic import Field
 
-from trajtune.algorithms.grpo import discounted_returns, groups_of, mark_nonfinite_rewards, turn_rewards
+from trajtune.algorithms.advantages import discounted_returns, groups_of, turn_rewards
+from trajtune.algorithms.episode_transforms import mark_nonfinite_rewards
 from trajtune.config import _C
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
