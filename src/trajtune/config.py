@@ -20,7 +20,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from trajtune.chat.parsers import available_parsers
 from trajtune.chat.render import RenderConfig
+from trajtune.config_docs import did_you_mean
+from trajtune.envs.ray_workers import env_factory
 from trajtune.errors import ConfigError, require_input  # ConfigError is re-exported as config.ConfigError
 from trajtune.learner import LearnerConfig
 from trajtune.models.loading import LoraConfig
@@ -329,15 +332,11 @@ class RolloutSpec(_RolloutSpecFields):
         return RolloutConfig(**self.runtime_kwargs())
 
     def env_factory(self, env: "EnvSpec") -> Any:
-        from trajtune.envs.ray_workers import env_factory
-
         return env_factory(env.name, env.kwargs, self.ray, self.step_timeout_s)
 
     @field_validator("parser")
     @classmethod
     def _known_parser(cls, v: str) -> str:
-        from trajtune.chat.parsers import available_parsers
-
         if v != "auto" and v not in available_parsers():
             raise ValueError(f"unknown tool-call parser {v!r}; available: auto, {', '.join(available_parsers())}")
         return v
@@ -463,8 +462,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _format_errors(e: ValidationError, source: str, cls: type[BaseModel] | None = None) -> str:
-    from trajtune.config_docs import did_you_mean
-
     lines = [f"{source}: invalid configuration ({e.error_count()} problem{'s' if e.error_count() > 1 else ''}):"]
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from trajtune import distributed as dist
 from trajtune.chat.render import ChatRenderer
+from trajtune.schema import atomic_write_text
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 from trajtune.envs.base import Environment, Task
 from trajtune.rollout import RolloutConfig, _round_seed, run_rollouts
@@ -113,8 +115,6 @@ class RolloutSource:
         return pick_tasks(self.tasks, step, round_no, self.tasks_per_step, self.seed)
 
     def _round(self, step: int, round_no: int, model: Any) -> tuple[list[TokenTrajectory], list[Any]]:
-        from trajtune import distributed as dist
-
         tasks = self._tasks(step, round_no)
         seed = self.seed * 1_000_003 + step if round_no == 0 else _round_seed(self.seed, step, round_no)
         # each rank samples groups r, r + W, ... (one process: all of them); every rank then holds the
@@ -312,10 +312,6 @@ class IterativeSource:
             return self._units[it]
         import json
         from pathlib import Path
-
-        from trajtune.schema import atomic_write_text
-
-        from trajtune import distributed as dist
 
         path = self._path(it)
         if not path.exists() and not dist.is_main():  # rank 0 mines and writes; the others read its file

@@ -34,6 +34,11 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from trajtune.chat.parsers import parse_tool_calls
+from trajtune.envs.adapters.openai_policy import to_openai_messages
+from trajtune.formats.openai import to_ir
+from trajtune.schema import Message
+
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
@@ -57,11 +62,6 @@ class ChatService:
         self.cached = supports(model)  # the cached sampler, else generate()
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        from trajtune.chat.parsers import parse_tool_calls
-        from trajtune.envs.adapters.openai_policy import to_openai_messages
-        from trajtune.formats.openai import to_ir
-        from trajtune.schema import Message
-
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise BadRequest("`messages` must be a non-empty list")
         for key in ("n", "stream"):

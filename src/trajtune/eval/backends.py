@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from trajtune.chat.parsers import assistant_message, parse_tool_calls
+from trajtune.chat.render import ChatRenderer
 from trajtune.envs.base import Environment, Task
+from trajtune.envs.runner import run_episodes, step_batch
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 
 Prompt = tuple[list[Message], list[ToolSpec]]
@@ -45,8 +47,6 @@ class HFBackend:
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 256, max_length: int = 4096, batch_size: int = 16, parser: str = "hermes",
                  workers: int = 8, step_timeout_s: float = 30.0, renderer: Any = None):
-        from trajtune.chat.render import ChatRenderer
-
         self.model, self.tok = model, tokenizer
         self.renderer = renderer or ChatRenderer(tokenizer)
         self.temperature, self.top_p = temperature, top_p
@@ -62,7 +62,6 @@ class HFBackend:
 
     def rollout(self, env_factory: Callable[[], Environment], tasks: Sequence[Task], *, max_turns: int,
                 seed: int) -> list[Trajectory]:
-        from trajtune.envs.runner import step_batch
         from trajtune.rollout import run_rollouts
 
         workers = self.workers
@@ -134,8 +133,6 @@ class TextBackend:
 
     def rollout(self, env_factory: Callable[[], Environment], tasks: Sequence[Task], *, max_turns: int,
                 seed: int) -> list[Trajectory]:
-        from trajtune.envs.runner import run_episodes
-
         trajs = run_episodes(env_factory, list(tasks), _TextPolicy(self.generate_fn, self.parser),
                              max_turns=max_turns, timeout_s=self.step_timeout_s, max_workers=self.workers)
         for t, task in zip(trajs, tasks):

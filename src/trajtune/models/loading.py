@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trajtune.errors import UsageError
 from trajtune.models.errors import ModelLoadError
 from trajtune.models.resolve import resolve_model
 
@@ -61,8 +62,6 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
 def to_device(model: Any, device: str = "auto") -> Any:
     """``model`` moved to ``device`` (``auto``: CUDA when this machine has it, else the CPU). A device
     the machine lacks is the user's to fix, so it is a one-line error naming --device, not a traceback."""
-    from trajtune.errors import UsageError
-
     if device == "auto":
         import torch
 
