@@ -23,6 +23,8 @@ For RL through the server (``rollout.server``, trajtune.remote) there are three 
 One request is generated at a time (requests are accepted concurrently and queue on a lock, which
 weight loading takes too, so no sample ever mixes two policies). Standard library HTTP only; bind
 to localhost unless you mean to expose the model (``load_weights`` reads any path it is given).
+``trajtune.generation`` and ``trajtune.rollout`` (torch) are imported where a model is served, so
+that importing this module (the judge does) stays light.
 """
 
 from __future__ import annotations

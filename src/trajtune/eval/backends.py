@@ -10,7 +10,9 @@ The harness needs two things from a model:
 loop RL trains with) and a batched prompt→completion call rendered with the model's own chat
 template. ``TextBackend`` wraps a plain ``generate_fn(messages, tools) -> str`` (a test double, a
 server client) and drives environments with the message-level loop of ``trajtune.envs.runner``.
-Both parse text with the same registered tool-call parser.
+Both parse text with the same registered tool-call parser. ``trajtune.rollout`` and
+``trajtune.generation`` are imported inside ``HFBackend`` only: they import torch, which a
+``TextBackend`` (an endpoint, a test double) never needs.
 """
 
 from __future__ import annotations
