@@ -7,6 +7,11 @@ A key that is also a runtime option (``rollout.*``: RolloutConfig, ``render.*`` 
 RenderConfig, ``train.*``: LearnerConfig) is declared once, in that dataclass, with
 ``trajtune.settings.setting``; its section here is built from it (``runtime_section``) and only
 adds the config-only keys and the validators.
+
+This module holds the sections every run shares (``RunBase``, ``EnvRunBase``, ``DataSpec``, …) and
+imports no algorithm: each run config lives with its algorithm (``trajtune.algorithms.sft``'s
+``SFTRunConfig``, …), and loading one by its ``algorithm:`` tag is
+``trajtune.algorithms.registry.load_run_config``.
 """
 
 from __future__ import annotations
@@ -415,19 +420,6 @@ class RunBase(_C):
         if self.train.eval_every and (self.eval is None or self.eval.env is None):
             raise ValueError("train.eval_every is set but there is no eval.env to evaluate on")
         return self
-
-
-def __getattr__(name: str) -> Any:
-    """The run configs live with their algorithms (trajtune.algorithms.*); these names stay importable
-    from here."""
-    where = {"SFTRunConfig": "trajtune.algorithms.sft", "RLRunConfig": "trajtune.algorithms.rl",
-             "RLSpec": "trajtune.algorithms.rl", "RFTRunConfig": "trajtune.algorithms.rft",
-             "DPORunConfig": "trajtune.algorithms.dpo", "DualTuneRunConfig": "trajtune.algorithms.dualtune"}
-    if name in where:
-        import importlib
-
-        return getattr(importlib.import_module(where[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Sections that accept a bare string as shorthand for one key.
