@@ -127,3 +127,28 @@ def test_generic_modules_import_no_algorithm(module):
     in the making."""
     found = sorted(n for n in _imports(SRC / module) if n.startswith("trajtune.algorithms"))
     assert found == [], f"{module} imports {found}"
+
+
+def test_a_saved_dualtune_directory_loads_with_its_adapters_and_decodes_in_two_stages(tmp_path, tiny_dir, tiny_tok):
+    """The dualtune algorithm's load hook, reached through the registry: all adapters, the spec, and
+    the sampler the model now carries; a directory missing an adapter it names is refused."""
+    import json
+
+    from trajtune.algorithms.dualtune_decode import DualTuneSampler, dualtune_spec
+    from trajtune.errors import ModelLoadError
+    from trajtune.models.loading import LoraConfig, load_model
+
+    final = tmp_path / "final"
+    load_model(str(tiny_dir), lora=LoraConfig(r=2, alpha=4)).save_pretrained(final)  # the selector
+    (final / "dualtune.json").write_text(json.dumps({"version": 1, "selector": "default",
+                                                     "arguments": {"get_room": "args_get_room"}, "shared": None}))
+    with pytest.raises(ModelLoadError, match="args_get_room"):
+        registry.load_trained(str(final))
+    load_model(str(tiny_dir), lora=LoraConfig(r=2, alpha=4)).save_pretrained(final / "args_get_room")
+
+    assert dualtune_spec(load_model(str(final), trainable=False)) is None  # model loading knows no algorithm
+    model = registry.load_trained(str(final))
+    assert dualtune_spec(model)["arguments"] == {"get_room": "args_get_room"}
+    assert set(model.peft_config) == {"default", "args_get_room"} and model.active_adapter == "default"
+    sampler = sampler_for(model, tiny_tok, temperature=0.0, top_p=1.0, stop_ids=[0])
+    assert type(sampler) is DualTuneSampler and sampler.adapter_for("get_room") == "args_get_room"
