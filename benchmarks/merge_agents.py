@@ -89,7 +89,7 @@ def main() -> None:
     import torch
 
     from trajtune.chat.render import message_to_template_dict, tools_to_template
-    from trajtune.config import SFTRunConfig
+    from trajtune.algorithms.sft import SFTRunConfig
     from trajtune.envs.base import make_env
     from trajtune.eval.run import evaluate
     from trajtune.learner import set_seed

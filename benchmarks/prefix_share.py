@@ -73,7 +73,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
-    from trajtune.algorithms.grpo import PolicyGradientObjective
+    from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 
     if a.model == "tiny":
         vocab = 1024

@@ -9,13 +9,9 @@ import torch
 
 from model_fixtures import FixedLogits
 from trajtune.algorithms.batch import Batch
-from trajtune.algorithms.grpo import (
-    PolicyGradientObjective,
-    apply_termination_policy,
-    assign_advantages,
-    group_advantages,
-    overlong_penalty,
-)
+from trajtune.algorithms.advantages import assign_advantages, group_advantages
+from trajtune.algorithms.episode_transforms import apply_termination_policy, overlong_penalty
+from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.algorithms.sft import SFTObjective, eaft_weights
 from trajtune.tokens import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 

@@ -107,7 +107,8 @@ def test_lora_sft_saves_an_adapter_that_loads_back(tmp_path, tiny_dir, data):
 
 
 def test_resume_via_cli_continues_to_the_end(tmp_path, tiny_dir, data):
-    from trajtune.config import SFTRunConfig, load_config
+    from trajtune.algorithms.sft import SFTRunConfig
+    from trajtune.config import load_config
     from trajtune.train import run_sft
 
     data_path, _ = data
@@ -192,7 +193,8 @@ def test_rl_killed_between_checkpoints_resumes_to_the_same_rollouts_and_weights(
 
     from safetensors.torch import load_file
 
-    from trajtune.config import RLRunConfig, load_config
+    from trajtune.algorithms.rl import RLRunConfig
+    from trajtune.config import load_config
     from trajtune.train import run_rl
 
     def cfg(out):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from trajtune.config import ConfigError, RLRunConfig, SFTRunConfig, apply_overrides, load_config, load_run_config
+from trajtune.algorithms.registry import load_run_config
+
+from trajtune.algorithms.rl import RLRunConfig
+from trajtune.algorithms.sft import SFTRunConfig
+from trajtune.config import ConfigError, apply_overrides, load_config
 from trajtune.errors import InputNotFoundError
 
 BASE_SFT = "model: m\noutput_dir: out\ndata: {path: d.jsonl}\n"

@@ -9,9 +9,9 @@ import yaml
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from trajtune.algorithms.registry import algorithms
+from trajtune.algorithms.registry import algorithms, load_run_config
 from trajtune.cli.main import app
-from trajtune.config import ConfigError, load_run_config
+from trajtune.config import ConfigError
 from trajtune.config_docs import field_docs
 
 runner = CliRunner()

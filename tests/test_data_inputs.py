@@ -333,7 +333,7 @@ def test_stats_counts_tokens_through_the_chat_template(tmp_path):
 
 
 def _sft_cfg(tiny_dir: Path, data: Path, out: Path, **data_kw):
-    from trajtune.config import SFTRunConfig
+    from trajtune.algorithms.sft import SFTRunConfig
 
     return SFTRunConfig.model_validate({
         "model": str(tiny_dir), "output_dir": str(out),

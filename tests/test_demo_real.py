@@ -172,7 +172,7 @@ def test_the_shipped_rl_example_is_the_demo_rl_stage():
     """examples/rl_fncall_lora.yaml shows users the demo's RL stage: the two must not drift apart."""
     from pathlib import Path
 
-    from trajtune.config import load_run_config
+    from trajtune.algorithms.registry import load_run_config
     from trajtune.demo_real import REAL_DEFAULTS, rl_config
 
     example = load_run_config(Path(__file__).parent.parent / "examples" / "rl_fncall_lora.yaml")

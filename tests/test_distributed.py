@@ -221,7 +221,7 @@ def test_the_lost_rank_message_names_rank_step_and_checkpoint(monkeypatch):
 
 def test_configurations_several_processes_cannot_run_are_refused_before_anything_is_written(tmp_path, monkeypatch,
                                                                                            tiny_dir):
-    from trajtune.config import load_run_config
+    from trajtune.algorithms.registry import load_run_config
     from trajtune.errors import ConfigError
     from trajtune.train import run
 

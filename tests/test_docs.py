@@ -71,7 +71,9 @@ def test_formats_doc_lists_every_validation_rule_and_format():
 def test_algorithms_doc_names_every_estimator_aggregation_and_termination_choice():
     import typing
 
-    from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, Aggregation, Estimator, TerminationPolicy
+    from trajtune.algorithms.advantages import Estimator
+    from trajtune.algorithms.episode_transforms import DEFAULT_TERMINATION_POLICY, TerminationPolicy
+    from trajtune.algorithms.policy_gradient import Aggregation
 
     doc = (ROOT / "docs" / "algorithms.md").read_text()
     for lit in (Estimator, Aggregation, TerminationPolicy):

@@ -161,7 +161,7 @@ class _ScriptedPeft(torch.nn.Module):
 
 
 def _scripted(tok, spec_args, selector_value="SEL", arg_value="ARG", tool="get_room"):
-    from trajtune.dualtune_decode import DualTuneSampler
+    from trajtune.algorithms.dualtune_decode import DualTuneSampler
 
     def turn(value):
         return tok.encode('<tool_call>{"name": "' + tool + '", "arguments": {"room": "' + value
@@ -207,9 +207,9 @@ def test_two_stage_decoding_falls_back_to_the_selector_for_a_tool_without_an_ada
 
 def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_two_stages(tmp_path, tiny_dir,
                                                                                             home_experts, monkeypatch):
-    from trajtune.config import load_run_config
-    from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
-    from trajtune.models.loading import load_model
+    from trajtune.algorithms.registry import load_run_config
+    from trajtune.algorithms.dualtune_decode import DualTuneSampler, dualtune_spec
+    from trajtune.algorithms.registry import load_trained
     from trajtune.schema import write_trajectories
     from trajtune.train import run
 
@@ -245,7 +245,7 @@ def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_
     pm.load_adapter(str(final / a0), adapter_name=a0)  # plain peft reads the layout too
     assert set(pm.peft_config) == {"default", a0}
 
-    model = load_model(str(final), trainable=False).eval()
+    model = load_trained(str(final)).eval()
     assert dualtune_spec(model)["arguments"] == tools
     trained = {n.split("lora_B.")[1].split(".")[0] for n, p in model.named_parameters()
                if "lora_B" in n and p.abs().sum() > 0}
@@ -285,7 +285,7 @@ def test_dualtune_run_saves_peft_multi_adapter_layout_that_loads_and_decodes_in_
 def test_dualtune_run_resumes_every_adapter_from_its_checkpoint(tmp_path, tiny_dir, home_experts):
     from safetensors.torch import load_file
 
-    from trajtune.config import load_run_config
+    from trajtune.algorithms.registry import load_run_config
     from trajtune.train import run
 
     write_trajectories = __import__("trajtune.schema", fromlist=["x"]).write_trajectories
@@ -306,7 +306,7 @@ def test_dualtune_run_resumes_every_adapter_from_its_checkpoint(tmp_path, tiny_d
 
 
 def test_dualtune_config_refuses_settings_that_would_do_nothing(tmp_path):
-    from trajtune.config import load_run_config
+    from trajtune.algorithms.registry import load_run_config
     from trajtune.errors import ConfigError
 
     base = "algorithm: dualtune\noutput_dir: runs/x\ndata: {path: d.jsonl}\n"

@@ -31,7 +31,7 @@ from trajtune.algorithms.rft import (
 )
 from trajtune.chat.render import ChatRenderer
 from trajtune.cli.main import app
-from trajtune.config import load_run_config
+from trajtune.algorithms.registry import load_run_config
 from trajtune.envs import make_env
 from trajtune.errors import DataError, EnvError
 from trajtune.rollout import Episode, RolloutConfig, run_rollouts

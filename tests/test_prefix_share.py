@@ -17,7 +17,7 @@ import torch
 from trajtune.algorithms import prefix_share as ps
 from trajtune.algorithms.batch import collate, token_logprobs
 from trajtune.algorithms.dpo import DPOObjective
-from trajtune.algorithms.grpo import PolicyGradientObjective
+from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.tokens import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
 torch.set_num_threads(1)

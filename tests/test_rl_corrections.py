@@ -10,17 +10,15 @@ import torch
 
 import trajtune.experience as experience
 from trajtune.algorithms.batch import collate, token_logprobs
-from trajtune.algorithms.grpo import (
-    PolicyGradientObjective,
-    apply_overlong_penalty,
-    apply_termination_policy,
-    assign_advantages,
-    whiten_advantages,
-)
+from trajtune.algorithms.advantages import assign_advantages, whiten_advantages
+from trajtune.algorithms.episode_transforms import apply_overlong_penalty, apply_termination_policy
+from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.chat.render import ChatRenderer
-from trajtune.config import ConfigError, load_run_config
+from trajtune.algorithms.registry import load_run_config
+from trajtune.config import ConfigError
 from trajtune.envs import make_env
-from trajtune.experience import RolloutSource, rl_transforms
+from trajtune.algorithms.rl import rl_transforms
+from trajtune.experience import RolloutSource
 from trajtune.learner import Learner, LearnerConfig, set_seed, split_units
 from trajtune.models.loading import load_model
 from trajtune.rollout import Episode, RolloutConfig

@@ -9,10 +9,11 @@ import warnings
 import torch
 
 import trajtune.experience as experience
-from trajtune.algorithms.grpo import PolicyGradientObjective
+from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.chat.render import ChatRenderer
 from trajtune.envs import make_env
-from trajtune.experience import RolloutSource, rl_transforms
+from trajtune.algorithms.rl import rl_transforms
+from trajtune.experience import RolloutSource
 from trajtune.learner import Learner, LearnerConfig, set_seed
 from trajtune.models.loading import load_model
 from trajtune.rollout import Episode, RolloutConfig

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 import trajtune
 from trajtune.cli.main import app
-from trajtune.config import SFTRunConfig, load_config
+from trajtune.algorithms.sft import SFTRunConfig
+from trajtune.config import load_config
 from trajtune.envs import make_env
 from trajtune.errors import Interrupted, RunDirError, UsageError
 from trajtune.schema import write_trajectories

@@ -168,7 +168,7 @@ def turns_end(monkeypatch):
             stop = min(self.stops)
             return [(ids[:-1] + [stop], lps, True, cache) for ids, lps, _, cache in super().turn(rows, max_new, seed)]
 
-    monkeypatch.setattr("trajtune.rollout.CachedSampler", Ending)
+    monkeypatch.setattr("trajtune.generation.CachedSampler", Ending)
 
 
 def _cfg(tiny_dir, out, llm, steps=2, extra=()):

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from trajtune.algorithms.grpo import apply_termination_policy, assign_turn_advantages, turn_returns
+from trajtune.algorithms.advantages import assign_turn_advantages, turn_returns
+from trajtune.algorithms.episode_transforms import apply_termination_policy
 from trajtune.tokens import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
 

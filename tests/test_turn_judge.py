@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trajtune.algorithms.grpo import turn_returns
+from trajtune.algorithms.advantages import turn_returns
 from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec, parse_scores
 from trajtune.rollout import Episode
 from trajtune.schema import Message, ToolCall, Trajectory

@@ -7,6 +7,11 @@ A key that is also a runtime option (``rollout.*``: RolloutConfig, ``render.*`` 
 RenderConfig, ``train.*``: LearnerConfig) is declared once, in that dataclass, with
 ``trajtune.settings.setting``; its section here is built from it (``runtime_section``) and only
 adds the config-only keys and the validators.
+
+This module holds the sections every run shares (``RunBase``, ``EnvRunBase``, ``DataSpec``, …) and
+imports no algorithm: each run config lives with its algorithm (``trajtune.algorithms.sft``'s
+``SFTRunConfig``, …), and loading one by its ``algorithm:`` tag is
+``trajtune.algorithms.registry.load_run_config``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
+from trajtune.chat.parsers import available_parsers
 from trajtune.chat.render import RenderConfig
+from trajtune.config_docs import did_you_mean
+from trajtune.envs.ray_workers import env_factory
 from trajtune.errors import ConfigError, require_input  # ConfigError is re-exported as config.ConfigError
 from trajtune.learner import LearnerConfig
 from trajtune.models.loading import LoraConfig
@@ -329,15 +337,11 @@ class RolloutSpec(_RolloutSpecFields):
         return RolloutConfig(**self.runtime_kwargs())
 
     def env_factory(self, env: "EnvSpec") -> Any:
-        from trajtune.envs.ray_workers import env_factory
-
         return env_factory(env.name, env.kwargs, self.ray, self.step_timeout_s)
 
     @field_validator("parser")
     @classmethod
     def _known_parser(cls, v: str) -> str:
-        from trajtune.chat.parsers import available_parsers
-
         if v != "auto" and v not in available_parsers():
             raise ValueError(f"unknown tool-call parser {v!r}; available: auto, {', '.join(available_parsers())}")
         return v
@@ -418,19 +422,6 @@ class RunBase(_C):
         return self
 
 
-def __getattr__(name: str) -> Any:
-    """The run configs live with their algorithms (trajtune.algorithms.*); these names stay importable
-    from here."""
-    where = {"SFTRunConfig": "trajtune.algorithms.sft", "RLRunConfig": "trajtune.algorithms.rl",
-             "RLSpec": "trajtune.algorithms.rl", "RFTRunConfig": "trajtune.algorithms.rft",
-             "DPORunConfig": "trajtune.algorithms.dpo", "DualTuneRunConfig": "trajtune.algorithms.dualtune"}
-    if name in where:
-        import importlib
-
-        return getattr(importlib.import_module(where[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # Sections that accept a bare string as shorthand for one key.
 _SHORTHAND_KEYS = {"model": "name_or_path", "env": "name"}
 
@@ -463,8 +454,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def _format_errors(e: ValidationError, source: str, cls: type[BaseModel] | None = None) -> str:
-    from trajtune.config_docs import did_you_mean
-
     lines = [f"{source}: invalid configuration ({e.error_count()} problem{'s' if e.error_count() > 1 else ''}):"]
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
@@ -513,26 +502,6 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
         raise ConfigError(f"{source}: algorithm: {data['algorithm']} is not a {tag.default} config; run it with "
                           f"`trajtune train --config {source}`")
     return validate_config(data, cls, source)
-
-
-def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
-                    algorithm: str | None = None) -> Any:
-    """A run config of any registered algorithm, chosen by its ``algorithm:`` key (the union's tag).
-    ``algorithm`` is what the command implies (``trajtune sft`` → sft); a config naming another
-    algorithm is refused rather than silently run as something else."""
-    from trajtune.algorithms.registry import algorithms
-
-    data, source = read_config(path, overrides)
-    known = algorithms()
-    tag = data.get("algorithm", algorithm)
-    if tag is None:
-        raise ConfigError(f"{source}: no `algorithm:` key; set one of: {', '.join(sorted(known))}")
-    if algorithm is not None and tag != algorithm:
-        raise ConfigError(f"{source}: algorithm: {tag} is not a {algorithm} config; run it with "
-                          f"`trajtune train --config {source}`")
-    if tag not in known:
-        raise ConfigError(f"{source}: unknown algorithm {tag!r}; known: {', '.join(sorted(known))}")
-    return validate_config({**data, "algorithm": tag}, known[tag].config, source)
 
 
 class EnvRunBase(RunBase):

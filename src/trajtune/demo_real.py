@@ -30,7 +30,7 @@ from typing import Any
 
 from rich.table import Table
 
-from trajtune.config import SFTRunConfig
+from trajtune.algorithms.sft import SFTRunConfig
 from trajtune.envs.base import make_env
 from trajtune.errors import RunDirError, UsageError
 from trajtune.progress import bar, console

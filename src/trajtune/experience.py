@@ -1,9 +1,11 @@
 """Experience sources: what the learner trains on at each step.
 
 ``DatasetSource`` serves rendered trajectories (SFT, RFT); ``RolloutSource`` samples fresh groups
-from the current policy in an environment and applies the RL transforms (termination policy,
-group advantages, reference log-probs); ``OneStepAhead`` samples them one step ahead, in the
-background. All are deterministic functions of the step index.
+from the current policy in an environment and applies the transforms the algorithm hands it (the
+RL ones: ``algorithms.rl.rl_transforms``); ``OneStepAhead`` samples them one step ahead, in the
+background; ``IterativeSource`` re-mines data from the policy every iteration (RFT, DPO). All are
+deterministic functions of the step index. This module knows no algorithm: what a transform does
+is the algorithm's.
 """
 
 from __future__ import annotations
@@ -18,20 +20,9 @@ from typing import Any
 
 import torch
 
-from trajtune.algorithms.grpo import (
-    Estimator,
-    TerminationPolicy,
-    Whitening,
-    add_ref_logprobs,
-    apply_overlong_penalty,
-    apply_termination_policy,
-    assign_advantages,
-    assign_turn_advantages,
-    groups_of,
-    is_informative,
-    mark_nonfinite_rewards,
-)
+from trajtune import distributed as dist
 from trajtune.chat.render import ChatRenderer
+from trajtune.schema import atomic_write_text
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 from trajtune.envs.base import Environment, Task
 from trajtune.rollout import RolloutConfig, _round_seed, run_rollouts
@@ -124,8 +115,6 @@ class RolloutSource:
         return pick_tasks(self.tasks, step, round_no, self.tasks_per_step, self.seed)
 
     def _round(self, step: int, round_no: int, model: Any) -> tuple[list[TokenTrajectory], list[Any]]:
-        from trajtune import distributed as dist
-
         tasks = self._tasks(step, round_no)
         seed = self.seed * 1_000_003 + step if round_no == 0 else _round_seed(self.seed, step, round_no)
         # each rank samples groups r, r + W, ... (one process: all of them); every rank then holds the
@@ -284,63 +273,6 @@ class OneStepAhead:
         self.pool.shutdown(wait=True)
 
 
-def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, TerminationPolicy] | None = None,
-                  drop_equal_groups: bool = False, whitening: Whitening = "token", masked_in_baseline: bool = False,
-                  overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
-                  temperature: float = 1.0, credit: str = "episode",
-                  gamma: float = 1.0, lam: float = 1.0, value_weight: float = 0.0,
-                  whiten_advantages: bool = False) -> tuple[list[Transform], list[Transform]]:
-    """The RL transform lists, in order: (per round) non-finite rewards → termination policy →
-    overlong penalty → informative-group filter; (per batch) group advantages → reference log-probs."""
-
-    def nonfinite(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        tts, n = mark_nonfinite_rewards(tts)
-        return tts, {"nonfinite_rewards": float(n)}
-
-    def terminate(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        return apply_termination_policy(tts, termination), {}
-
-    def penalise(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        assert overlong is not None
-        return tts, {"overlong_penalty": apply_overlong_penalty(tts, *overlong)}
-
-    def informative(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        groups = groups_of(tts)
-        keep = {g for g, members in groups.items() if is_informative(members)}
-        return [t for t in tts if (t.group or t.traj_id) in keep], {"equal_reward_groups": float(len(groups) - len(keep))}
-
-    def advantages(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        if credit == "turn":
-            kept, m = assign_turn_advantages(tts, estimator, gamma, masked_in_baseline)  # type: ignore[arg-type]
-        elif credit == "mc_critic":
-            from trajtune.algorithms.mc_critic import assign_mc_advantages
-
-            kept, m = assign_mc_advantages(tts, gamma, lam, value_weight)
-        elif credit == "gae":
-            from trajtune.algorithms.value import assign_gae_advantages
-
-            kept, m = assign_gae_advantages(tts, gamma, lam, whiten_advantages)
-        else:
-            kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
-        skip = {"nonfinite_rewards"} | ({"equal_reward_groups"} if drop_equal_groups else set())
-        return kept, {k: v for k, v in m.items() if k not in skip}
-
-    def reference(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
-        if tts:
-            add_ref_logprobs(ref_model, tts, pad_id, temperature)
-        return tts, {}
-
-    per_round: list[Transform] = [nonfinite, terminate]
-    if overlong is not None:
-        per_round.append(penalise)
-    if drop_equal_groups:
-        per_round.append(informative)
-    per_batch: list[Transform] = [advantages]
-    if ref_model is not None:
-        per_batch.append(reference)
-    return per_round, per_batch
-
-
 #: Mines one iteration's training data with the current model: (iteration, model) ->
 #: (IR records to persist, metrics). ``render`` turns persisted records into trainable rows.
 MineFn = Callable[[int, Any], tuple[list[Any], dict[str, float]]]
@@ -380,10 +312,6 @@ class IterativeSource:
             return self._units[it]
         import json
         from pathlib import Path
-
-        from trajtune.schema import atomic_write_text
-
-        from trajtune import distributed as dist
 
         path = self._path(it)
         if not path.exists() and not dist.is_main():  # rank 0 mines and writes; the others read its file

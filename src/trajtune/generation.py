@@ -18,11 +18,17 @@ that has finished keeps being computed until the longest row is done. Here:
 Only models whose cache is a plain per-layer key/value store are served (Llama, Qwen2/3, Mistral
 without a sliding window, …); ``supports`` says so, and rollouts fall back to ``generate`` for
 the others (sliding-window, hybrid and recurrent layers).
+
+``sampler_for`` is the one place that picks how a model's turns are sampled, for rollouts and
+evaluation alike: a sampler the model carries itself (``SAMPLER_HOOK``, e.g. a DualTune model's
+two-stage decoding, set by the algorithm that trained or loaded it), else this cached sampler,
+else None (the caller's ``generate`` path). So generic code never names an algorithm's decoder.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +49,7 @@ def _core(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _cache_kwarg(model: Any) -> str | None:
+def cache_kwarg(model: Any) -> str | None:
     params = inspect.signature(type(_core(model)).forward).parameters
     for name in ("cache", "past_key_values"):  # transformers renamed it in 5.x
         if name in params:
@@ -55,7 +61,7 @@ def supports(model: Any) -> bool:
     """Whether the cached sampler can serve ``model``: a cache keyword in its forward and only
     full-attention layers (no sliding window, no recurrent or convolutional state)."""
     cfg = getattr(_core(model), "config", None)
-    if cfg is None or _cache_kwarg(model) is None:
+    if cfg is None or cache_kwarg(model) is None:
         return False
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     layer_types = getattr(cfg, "layer_types", None)
@@ -139,12 +145,42 @@ def _common_prefix(seqs: list[list[int]]) -> int:
     return n
 
 
+#: The attribute (on the model, or on the PeftModel inside an accelerate/DDP wrapper) holding the
+#: model's own sampler factory: ``(model, tokenizer, temperature, top_p, stop_ids) -> sampler | None``,
+#: the sampler with ``CachedSampler.turn``'s signature (None: the model needs no sampler of its own).
+SAMPLER_HOOK = "trajtune_sampler"
+
+
+def carried_sampler(model: Any) -> Callable[..., Any] | None:
+    """The sampler factory ``model`` carries (``SAMPLER_HOOK``), looked up through wrappers' ``module``.
+    Read from ``__dict__``: a PeftModel forwards unknown attributes to its base model."""
+    m = model
+    while SAMPLER_HOOK not in m.__dict__ and hasattr(m, "module"):
+        m = m.module
+    return m.__dict__.get(SAMPLER_HOOK)
+
+
+def sampler_for(model: Any, tokenizer: Any, *, temperature: float, top_p: float, stop_ids: list[int],
+                reuse_cache: bool = True) -> Any | None:
+    """How ``model``'s turns are sampled: the model's own sampler (``carried_sampler``), else the
+    cached sampler when ``reuse_cache`` and the model's layers allow it (``supports``), else None:
+    the caller decodes with ``generate`` (``rollout._generate``)."""
+    own = carried_sampler(model)
+    if own is not None:
+        sampler = own(model, tokenizer, temperature, top_p, stop_ids)
+        if sampler is not None:
+            return sampler
+    if reuse_cache and supports(model):
+        return CachedSampler(model, temperature, top_p, stop_ids)
+    return None
+
+
 class CachedSampler:
     """Samples one assistant turn for many episodes, each continuing from its own cache."""
 
     def __init__(self, model: Any, temperature: float, top_p: float, stop_ids: list[int]):
         self.model = model
-        self.kw = _cache_kwarg(model)
+        self.kw = cache_kwarg(model)
         self.temperature = temperature
         self.top_p = top_p
         self.stops = set(stop_ids)

@@ -23,8 +23,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from trajtune.chat.render import ChatRenderer
+from trajtune.envs.adapters.openai_policy import PolicyError, endpoint_policy, from_openai_message, to_openai_messages
 from trajtune.errors import ModelLoadError, UsageError, require_input
+from trajtune.models.loading import load_model, load_tokenizer, to_device
 from trajtune.schema import Message, Trajectory
+from trajtune.serve import ChatService
 
 DEFAULT_RUBRIC = """\
 You are grading one episode of an AI agent that solves a task by calling tools.
@@ -172,8 +176,6 @@ Complete = Callable[[dict[str, Any]], dict[str, Any]]
 def ask(complete: Complete, model: str, messages: list[Message], max_tokens: int) -> str:
     """The reply text of one greedy request; any failure (the endpoint, or a response without a
     message) is a ValueError, which the callers count as "no answer" instead of stopping a run."""
-    from trajtune.envs.adapters.openai_policy import from_openai_message, to_openai_messages
-
     try:
         resp = complete({"model": model, "messages": to_openai_messages(messages), "temperature": 0.0,
                          "max_tokens": max_tokens})
@@ -191,14 +193,10 @@ class Judge:
         self.rubric, self.max_tokens, self.workers = rubric, max_tokens, max(1, workers)
 
     def request_body(self, traj: Trajectory) -> dict[str, Any]:
-        from trajtune.envs.adapters.openai_policy import to_openai_messages
-
         return {"model": self.model, "messages": to_openai_messages(judge_messages(traj, self.rubric)),
                 "temperature": 0.0, "max_tokens": self.max_tokens}
 
     def reply_text(self, traj: Trajectory) -> str:
-        from trajtune.envs.adapters.openai_policy import PolicyError, from_openai_message
-
         try:
             resp = self.complete(self.request_body(traj))
         except PolicyError as e:  # unreachable, or an HTTP error: the evaluation stops, naming the judge
@@ -245,13 +243,8 @@ def make_judge(spec: str, *, model: str = "default", rubric: str | None = None, 
         raise UsageError("--judge-max-tokens must be at least 1")
     text = load_rubric(rubric)
     if spec.startswith("openai:"):
-        from trajtune.envs.adapters.openai_policy import endpoint_policy
-
         policy = endpoint_policy(spec, model, option="--judge")
         return Judge(policy.post, name=spec, model=model, rubric=text, max_tokens=max_tokens, workers=workers)
-    from trajtune.chat.render import ChatRenderer
-    from trajtune.models.loading import load_model, load_tokenizer, to_device
-    from trajtune.serve import ChatService
 
     tok = load_tokenizer(spec)
     local = to_device(load_model(spec, trainable=False), device)

@@ -41,6 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.errors import ConfigError, OutputError
 from trajtune.models.errors import ModelLoadError
+from trajtune.models.loading import _quiet_transformers
+from trajtune.models.resolve import resolve_model
+from trajtune.schema import normal_permissions
 
 METHODS = ("ta", "ties", "dare", "ram", "ram_plus")
 #: |τ| above this counts as "changed" (RAM's mask, and the stats in merge.json).
@@ -245,8 +248,6 @@ class _Tensors:
 def _load_model(path: str, dtype: Any = "auto") -> Any:
     from transformers import AutoModelForCausalLM
 
-    from trajtune.models.loading import _quiet_transformers
-
     _quiet_transformers()
     try:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -386,9 +387,6 @@ def merge_models(base: str, models: Sequence[str], opts: MergeOptions, out: str 
                  overwrite: bool = False, notify: Callable[[str], None] | None = None) -> MergeResult:
     """Merge ``models`` (full models or LoRA adapter directories, fine-tuned from ``base``) into one
     Hugging Face directory ``out`` (model, tokenizer, config and merge.json), written atomically."""
-    from trajtune.models.resolve import resolve_model
-    from trajtune.schema import normal_permissions
-
     say = notify or (lambda _m: None)
     opts.check(len(models))
     out = Path(out)

@@ -29,8 +29,7 @@ from trajtune.chat.render import (
 )
 from trajtune.envs.base import Environment, StepResult, Task
 from trajtune.envs.runner import step_batch
-from trajtune.generation import CachedSampler
-from trajtune.generation import supports as supports_cache
+from trajtune.generation import sampler_for
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 from trajtune.settings import setting
 
@@ -244,14 +243,9 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
     live: list[_Live] = []
     next_i = 0
     round_no = 0
-    if sampler is None:
-        from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
-
-        spec = dualtune_spec(model)
-        if spec is not None:  # a DualTune model: the selector picks the tool, its adapter writes the arguments
-            sampler = DualTuneSampler(model, tok, spec, cfg.temperature, cfg.top_p, eot_ids)
-    if sampler is None and cfg.reuse_kv_cache and supports_cache(model):
-        sampler = CachedSampler(model, cfg.temperature, cfg.top_p, eot_ids)
+    if sampler is None:  # the model's own sampler, else the cached one, else None: generate() below
+        sampler = sampler_for(model, tok, temperature=cfg.temperature, top_p=cfg.top_p, stop_ids=eot_ids,
+                              reuse_cache=cfg.reuse_kv_cache)
     while True:
         for e in live:
             if e.termination is not None:

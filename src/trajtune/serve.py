@@ -23,6 +23,8 @@ For RL through the server (``rollout.server``, trajtune.remote) there are three 
 One request is generated at a time (requests are accepted concurrently and queue on a lock, which
 weight loading takes too, so no sample ever mixes two policies). Standard library HTTP only; bind
 to localhost unless you mean to expose the model (``load_weights`` reads any path it is given).
+``trajtune.generation`` and ``trajtune.rollout`` (torch) are imported where a model is served, so
+that importing this module (the judge does) stays light.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from trajtune.chat.parsers import parse_tool_calls
+from trajtune.envs.adapters.openai_policy import to_openai_messages
+from trajtune.formats.openai import to_ir
+from trajtune.schema import Message
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -57,11 +64,6 @@ class ChatService:
         self.cached = supports(model)  # the cached sampler, else generate()
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        from trajtune.chat.parsers import parse_tool_calls
-        from trajtune.envs.adapters.openai_policy import to_openai_messages
-        from trajtune.formats.openai import to_ir
-        from trajtune.schema import Message
-
         if not isinstance(body.get("messages"), list) or not body["messages"]:
             raise BadRequest("`messages` must be a non-empty list")
         # `stream` apart: True == 1 in Python, so a membership test would let `stream: true` through

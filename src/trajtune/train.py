@@ -20,6 +20,7 @@ import yaml
 from trajtune import distributed as dist
 from trajtune.algorithms.registry import Recipe, RunContext, get_algorithm
 from trajtune.algorithms.sft import iter_data  # noqa: F401  (re-exported: trajtune.train.iter_data)
+from trajtune.chat.doctor import check_template
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import DataSpec, RunBase, dump_config
 from trajtune.envs.base import make_env
@@ -35,10 +36,14 @@ from trajtune.learner import (
     set_seed,
 )
 from trajtune.models.loading import load_model, load_tokenizer
+from trajtune.models.reference import AdapterReference
+from trajtune.models.resolve import resolve_model
 from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
+from trajtune.report import report_after_run
 from trajtune.rollout import RolloutConfig
 from trajtune.schema import atomic_write_text
+from trajtune.tracking import Tracker, check_installed
 
 
 @dataclass
@@ -233,8 +238,6 @@ def _eval_rollout(cfg: RunBase) -> RolloutConfig:
 
 def check_chat_template(tok: Any, config: RenderConfig, model: str) -> None:
     """Refuse, before any training, a chat template that would mis-mask (the `trajtune doctor` checks)."""
-    from trajtune.chat.doctor import check_template
-
     report = check_template(tok, config=config)
     if not report.ok:
         why = "; ".join(f"{c.name}: {c.detail}" for c in report.failures)
@@ -270,8 +273,6 @@ def check_adapter_choice(cfg: RunBase) -> None:
     """``model`` naming a LoRA adapter directory together with a new ``model.lora`` would leave it
     unclear which adapter trains (and a fresh adapter saved on top of a merged one would not load
     back without it), so the user chooses."""
-    from trajtune.models.resolve import resolve_model
-
     if cfg.model.lora is None:
         return
     src = resolve_model(cfg.model.name_or_path)
@@ -292,8 +293,6 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     dist.init()
     quiet = quiet or not dist.is_main()
     if cfg.tracking:
-        from trajtune.tracking import check_installed
-
         check_installed(cfg.tracking)  # before anything is written or loaded
     st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
     dist.barrier()  # every rank has checked the directory before rank 0 changes it
@@ -328,7 +327,6 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
 
     def reference() -> Any:
         if is_peft(ctx.model):  # the step-0 policy is inside the LoRA model: no second copy (models/reference.py)
-            from trajtune.models.reference import AdapterReference
 
             return AdapterReference(ctx.model, fresh=cfg.model.lora is not None)
         ref = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, trainable=False)
@@ -339,8 +337,6 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     hook = _eval_hook(cfg, tok, renderer, _eval_rollout(cfg))
     tracker = None
     if cfg.tracking and dist.is_main():
-        from trajtune.tracking import Tracker
-
         tracker = Tracker(cfg.tracking, out, cfg.model_dump(mode="json"))
     learner = Learner(ctx.model, tok, recipe.objective, recipe.source, learner_config(cfg, recipe), out,
                       eval_hook=hook, on_weights=recipe.on_weights, stop_after=stop_after,
@@ -453,7 +449,5 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
     if not quiet:
         console.print(f"[green]{kind.upper()} done[/green]: {final}")
     if cfg.report:
-        from trajtune.report import report_after_run
-
         report_after_run(out, quiet)
     return result

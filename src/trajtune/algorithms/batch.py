@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 import torch
 
-from trajtune.tokens import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
+from trajtune.algorithms import prefix_share as ps
+from trajtune.algorithms.prefix_share import at_least_float32
 from trajtune.errors import DataError
+from trajtune.tokens import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
 
 
 @dataclass
@@ -77,11 +79,6 @@ def collate(tts: list[TokenTrajectory], pad_id: int, share_prefix: bool = False)
     return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters, share_prefix=share_prefix)
 
 
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """Logits in float32 for the log-softmax (bf16 / fp16 models); a float64 model stays float64."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
 def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
     """Logits at ``positions`` (hidden-state positions, each predicting the next token), ``[B, K, V]``.
 
@@ -139,8 +136,6 @@ def _shared_prefix_logprobs(model: Any, batch: Batch, keep: torch.Tensor,
 
     Positions past a row's end (padding, where no objective reads) hold 0 here, where the plain
     forward holds the log-prob of a pad token."""
-    from trajtune.algorithms import prefix_share as ps
-
     lengths = batch.attention_mask.sum(1).tolist()
     seqs = [row[:n] for row, n in zip(batch.input_ids.tolist(), lengths)]
     groups = ps.find_groups(seqs)

@@ -30,7 +30,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from trajtune.algorithms.error_mask import observation_is_error
+from trajtune.algorithms.error_mask import explicit_flags, observation_is_error
+from trajtune.errors import DataError
+from trajtune.judge import MAX_MESSAGE_CHARS, _call_text, _clip, _json_objects, ask, make_judge
 from trajtune.schema import Message, Trajectory
 
 ATLAS_CRITERIA = """\
@@ -98,8 +100,6 @@ def select_heuristic(traj: Trajectory, ratio: float) -> set[int]:
 
 
 def numbered_transcript(traj: Trajectory) -> str:
-    from trajtune.judge import MAX_MESSAGE_CHARS, _call_text, _clip
-
     parts, n = [], 0
     for m in traj.messages:
         if m.role == "assistant":
@@ -116,8 +116,6 @@ def numbered_transcript(traj: Trajectory) -> str:
 
 def parse_critical(text: str, n_turns: int) -> set[int]:
     """Turn numbers (1-based) from ``{"critical": [...]}``; ValueError when there is no usable list."""
-    from trajtune.judge import _json_objects
-
     for obj in _json_objects(text or ""):
         if isinstance(obj, dict) and isinstance(obj.get("critical"), list):
             got = obj["critical"]
@@ -136,8 +134,6 @@ class JudgeSelector:
 
     def select(self, traj: Trajectory) -> set[int]:
         """Message indices of the judge's critical turns; ValueError when its reply cannot be used."""
-        from trajtune.judge import ask
-
         turns = assistant_turns(traj)
         msgs = [Message(role="system", content=JUDGE_PROMPT.format(percent=round(100 * self.ratio))),
                 Message(role="user", content="Which turns are critical?\n\n" + numbered_transcript(traj))]
@@ -149,7 +145,6 @@ def make_selector(spec: Any) -> JudgeSelector | None:
     """The judge selector for ``data.critical_steps`` (None for the heuristic)."""
     if spec.selector != "judge":
         return None
-    from trajtune.judge import make_judge
 
     judge = make_judge(spec.judge, model=spec.judge_model)
     return JudgeSelector(judge.complete, judge.model, spec.ratio)
@@ -159,9 +154,6 @@ def select_critical(trajs: list[Trajectory], spec: Any, train_on: str,
                     selector: JudgeSelector | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
     """Copies whose assistant messages carry ``train`` flags: ``train_on``'s choice (or the flags an
     earlier rewrite set) AND selected as critical. Returns them and counts for result.json."""
-    from trajtune.algorithms.error_mask import explicit_flags
-    from trajtune.errors import DataError
-
     out: list[Trajectory] = []
     total = selected = failures = 0
     for t in trajs:

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from trajtune.config import _C
 from trajtune.errors import ConfigError
+from trajtune.experience import pick_tasks
 
 
 class CurriculumSpec(_C):
@@ -48,8 +49,6 @@ class Curriculum:
 
     def pick(self, step: int, round_no: int, k: int, seed: int) -> list[Any]:
         """The tasks of a step, picked from the pool as ``RolloutSource`` picks from all tasks."""
-        from trajtune.experience import pick_tasks
-
         return pick_tasks(self.pool(), step, round_no, k, seed)
 
     def observe(self, episodes: list[Any]) -> dict[str, float]:

@@ -19,14 +19,19 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, ValidationError, model_validator
 
+from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, token_logprobs
+from trajtune.algorithms.episode_transforms import add_ref_logprobs
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.rft import action_key
 from trajtune.config import EnvSpec, RolloutSpec, RunBase, _C
-from trajtune.errors import ConfigError, DataError
+from trajtune.envs.base import make_env
+from trajtune.errors import ConfigError, DataError, require_input
+from trajtune.experience import IterativeSource
 from trajtune.schema import PreferencePair, RecordError, Trajectory, iter_jsonl
 from trajtune.tokens import TokenTrajectory
+from trajtune.validate import record_check
 
 LossType = Literal["sigmoid", "ipo"]
 
@@ -113,8 +118,6 @@ def _first_user(t: Trajectory) -> str | None:
 def check_pair(pair: PreferencePair, path: str = "<pairs>", line: int | None = None) -> None:
     """Raise a RecordError (file:line, pair id, rule P30x) for a pair that cannot train correctly; the
     sides also go through the trajectory validation rules (E…)."""
-    from trajtune.validate import record_check
-
     for side in ("chosen", "rejected"):
         t: Trajectory = getattr(pair, side)
         if not t.messages:
@@ -421,9 +424,6 @@ def _records(mined: list[MinedPair]) -> list[dict[str, Any]]:
 
 
 def _prepare(cfg: DPORunConfig, ctx: RunContext) -> list[list[TokenTrajectory]] | None:
-    from trajtune.envs.base import make_env
-    from trajtune.errors import require_input
-
     if cfg.dpo.pairs is None:
         assert cfg.env is not None
         env = make_env(cfg.env.name, **cfg.env.kwargs)
@@ -442,11 +442,6 @@ def _prepare(cfg: DPORunConfig, ctx: RunContext) -> list[list[TokenTrajectory]] 
 
 
 def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajectory]] | None) -> Recipe:
-    from trajtune.algorithms.grpo import add_ref_logprobs
-    from trajtune.envs.base import make_env
-    from trajtune.experience import IterativeSource
-    from trajtune.rollout import run_rollouts
-
     assert ctx.out is not None
     d = cfg.dpo
     tok = ctx.tokenizer
@@ -487,17 +482,17 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
             if spine is not None:
                 starts += [(t, p) for p in state_prefixes(spine, d.states_per_task)]
         if starts:
-            eps = run_rollouts(model, tok, factory, [t for t, _ in starts for _ in range(d.k)], ro,
-                               seed=cfg.seed * 1_000_003 + 7_777 + it, renderer=ctx.renderer,
-                               prefixes=[p for _, p in starts for _ in range(d.k)])
+            eps = agent_loop.run_rollouts(model, tok, factory, [t for t, _ in starts for _ in range(d.k)], ro,
+                                          seed=cfg.seed * 1_000_003 + 7_777 + it, renderer=ctx.renderer,
+                                          prefixes=[p for _, p in starts for _ in range(d.k)])
             for j, (t, p) in enumerate(starts):
                 states.append((t.id, sum(m.role == "assistant" for m in p), eps[j * d.k:(j + 1) * d.k]))
         return mine_step_pairs(states, d.value_gap, id_prefix=f"it{it}:")
 
     def mine(it: int, model: Any) -> tuple[list[Any], dict[str, float]]:
         expanded = [t for t in tasks for _ in range(d.k)]
-        episodes = run_rollouts(model, tok, factory, expanded, ro,
-                                seed=cfg.seed * 1_000_003 + 5_555 + it, renderer=ctx.renderer)
+        episodes = agent_loop.run_rollouts(model, tok, factory, expanded, ro,
+                                           seed=cfg.seed * 1_000_003 + 5_555 + it, renderer=ctx.renderer)
         if d.level == "step":
             mined, counts = mine_steps(it, model, episodes)
             if not mined:

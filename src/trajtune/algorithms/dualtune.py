@@ -14,7 +14,7 @@ both worse than two specialists. DualTune splits every tool-call target into two
 
 The two masks over a call are disjoint and together cover all its policy tokens (``labels``); the
 split points come from ``trajtune.chat.call_spans``, the same scanner the two-stage decoder
-(``trajtune.dualtune_decode``) uses to switch adapters, so training and inference cut every call
+(``algorithms.dualtune_decode``) uses to switch adapters, so training and inference cut every call
 at the same token.
 
 Training: each rendered sample becomes one copy per adapter with a token in it, weighted only on
@@ -22,8 +22,9 @@ that adapter's tokens (``meta["adapter"]``); the objective runs each adapter's r
 adapter active, so a selector step leaves every argument adapter's gradient exactly zero (its
 weights are not in the forward pass), and the other way round. The final directory holds the
 adapters in peft's multi-adapter layout (``default`` at the top, each other adapter in a
-sub-directory of its name) and ``dualtune.json`` (tool → adapter), which ``load_model`` reads to
-load them all and rollouts/evaluation read to decode in two stages.
+sub-directory of its name) and ``dualtune.json`` (tool → adapter), which the algorithm's load hook
+(``dualtune_decode.load_dualtune_adapters``, run by ``registry.load_trained``) reads to load them
+all, so that rollouts and evaluation decode in two stages.
 """
 
 from __future__ import annotations
@@ -40,16 +41,25 @@ from pydantic import Field, model_validator
 
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch
+from trajtune.algorithms.dualtune_decode import (
+    SELECTOR,
+    SPEC_FILE,
+    activate,
+    attach,
+    load_dualtune_adapters,
+    peft_model,
+)
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.sft import SFTObjective, conversation_data
 from trajtune.chat.call_spans import call_splits
 from trajtune.config import DataSpec, RunBase, _C
 from trajtune.errors import DataError, require_input
+from trajtune.experience import DatasetSource
+from trajtune.models.loading import LoraConfig
+from trajtune.schema import atomic_write_text
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
-SELECTOR = "default"  # peft's first adapter: what ``load_model`` loads from the final directory alone
 SHARED = "arguments"
-SPEC_FILE = "dualtune.json"
 
 
 # -- masks ------------------------------------------------------------------------------------------
@@ -154,28 +164,6 @@ def split_by_adapter(tts: list[TokenTrajectory], tok: Any, spec: "DualTuneSpec",
 
 # -- adapters ---------------------------------------------------------------------------------------
 
-def peft_model(model: Any) -> Any:
-    """The PeftModel inside whatever wraps it (accelerate, DDP)."""
-    m = model
-    while not hasattr(m, "peft_config") and hasattr(m, "module"):
-        m = m.module
-    return m
-
-
-def activate(model: Any, adapter: str) -> None:
-    """Make ``adapter`` the one in the forward pass, keeping every adapter's weights trainable (peft's
-    ``set_adapter`` freezes the others; the optimizer holds them all, and an adapter absent from the
-    forward pass gets no gradient anyway)."""
-    pm = peft_model(model)
-    if pm.active_adapter == adapter:
-        return
-    lora = [p for n, p in pm.named_parameters() if "lora_" in n]
-    trainable = any(p.requires_grad for p in lora)
-    pm.set_adapter(adapter)
-    for p in lora:
-        p.requires_grad_(trainable)
-
-
 def add_adapters(model: Any, adapters: list[str]) -> None:
     """Add each argument adapter with the selector's LoRA settings (fresh: B = 0, so each starts as
     the base model), all trainable, the selector active."""
@@ -192,25 +180,9 @@ def add_adapters(model: Any, adapters: list[str]) -> None:
 
 
 def write_spec(final: Path, tool_adapters: dict[str, str], shared: bool) -> None:
-    from trajtune.schema import atomic_write_text
-
     atomic_write_text(final / SPEC_FILE, json.dumps(
         {"version": 1, "selector": SELECTOR, "arguments": tool_adapters, "shared": SHARED if shared else None},
         indent=1, sort_keys=True))
-
-
-def read_spec(path: str | Path) -> dict[str, Any] | None:
-    """The ``dualtune.json`` of a saved DualTune model directory, or None for any other model."""
-    p = Path(path) / SPEC_FILE
-    if not p.is_file():
-        return None
-    try:
-        spec = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{p}: not valid JSON ({e}); it maps tool names to DualTune argument adapters") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("arguments"), dict):
-        raise DataError(f"{p}: expected an object with an 'arguments' map (tool name → adapter)")
-    return spec
 
 
 # -- the objective ----------------------------------------------------------------------------------
@@ -281,8 +253,6 @@ class DualTuneRunConfig(RunBase):
     @model_validator(mode="after")
     def _needs_lora(self) -> "DualTuneRunConfig":
         if self.model.lora is None:  # DualTune is adapters by definition: model.lora's defaults unless set
-            from trajtune.models.loading import LoraConfig
-
             self.model.lora = LoraConfig()
         if self.data.format == "text":
             raise ValueError("algorithm: dualtune needs conversations with tool calls, not data.format: text")
@@ -317,14 +287,11 @@ def _prepare(cfg: DualTuneRunConfig, ctx: RunContext) -> tuple[list[TokenTraject
 
 def _build(cfg: DualTuneRunConfig, ctx: RunContext,
            prepared: tuple[list[TokenTrajectory], dict[str, str], dict[str, Any]]) -> Recipe:
-    from trajtune.experience import DatasetSource
-
     copies, tool_adapters, counts = prepared
     shared = cfg.dualtune.arguments == "shared"
     add_adapters(ctx.model, sorted(set(tool_adapters.values())))
     # rollouts and the in-run evaluation decode in two stages with these adapters (dualtune_decode)
-    peft_model(ctx.model).trajtune_dualtune = {"selector": SELECTOR, "arguments": tool_adapters,
-                                               "shared": SHARED if shared else None}
+    attach(ctx.model, tool_adapters, SHARED if shared else None)
     t = cfg.train
     return Recipe(source=DatasetSource(copies, t.batch_size, cfg.seed), objective=DualTuneObjective(),
                   micro_batch_size=min(t.micro_batch_size, t.batch_size), result=counts,
@@ -335,4 +302,4 @@ def _build(cfg: DualTuneRunConfig, ctx: RunContext,
 
 register_algorithm(Algorithm("dualtune", DualTuneRunConfig,
                              "decoupled tool calling: a selector adapter picks the tool, per-tool adapters write "
-                             "the arguments", _prepare, _build))
+                             "the arguments", _prepare, _build, load_hook=load_dualtune_adapters))

@@ -21,13 +21,12 @@ from collections import Counter
 from typing import Any
 
 from trajtune.envs.adapters.feedback_slot import FEEDBACK_PREFIX, add_feedback  # noqa: F401
+from trajtune.errors import DataError
 from trajtune.schema import Trajectory
 
 
 def faft_records(trajs: list[Trajectory]) -> tuple[list[Trajectory], dict[str, Any]]:
     """Each record with its own feedback in the request; counts for result.json."""
-    from trajtune.errors import DataError
-
     out, counts = [], Counter()
     for t in trajs:
         fb = t.metadata.get("feedback")

@@ -32,8 +32,12 @@ from typing import Any
 
 from pydantic import Field
 
-from trajtune.algorithms.grpo import discounted_returns, groups_of, mark_nonfinite_rewards, turn_rewards
+from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
+from trajtune.algorithms.advantages import discounted_returns, groups_of, turn_rewards
+from trajtune.algorithms.episode_transforms import mark_nonfinite_rewards
+from trajtune.algorithms.value import set_turn_return_targets, turn_start_values
 from trajtune.config import _C
+from trajtune.rollout import StartState
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
 
@@ -79,8 +83,6 @@ class MCCritic:
             env_factory, rollout, tokenizer, renderer, seed)
 
     def __call__(self, step: int, episodes: list[Any], model: Any) -> dict[str, float]:
-        from trajtune.rollout import StartState, run_rollouts
-
         m = self.spec.samples
         jobs: dict[int, list[tuple[int, Any, list[Any]]]] = {}  # depth -> (episode, task, prefix)
         counts = []
@@ -101,9 +103,9 @@ class MCCritic:
             cfg = replace(self.rollout, max_turns=max(1, self.rollout.max_turns - k))
             tasks = [t for _, t, _ in items for _ in range(m)]
             prefixes = [p for _, _, p in items for _ in range(m)]
-            got = run_rollouts(model, self.tokenizer, self.env_factory, tasks, cfg,
-                               seed=self.seed * 1_000_003 + step * 7_919 + 104_723 * (k + 1),
-                               renderer=self.renderer, prefixes=prefixes)
+            got = agent_loop.run_rollouts(model, self.tokenizer, self.env_factory, tasks, cfg,
+                                          seed=self.seed * 1_000_003 + step * 7_919 + 104_723 * (k + 1),
+                                          renderer=self.renderer, prefixes=prefixes)
             n_rollouts += len(got)
             if self.shape is not None:
                 self.shape(step, got)
@@ -124,8 +126,6 @@ def assign_mc_advantages(tts: list[TokenTrajectory], gamma: float = 1.0, lam: fl
     masked episodes get 0. With ``value_weight`` w > 0 the values are blended with the value head's
     (``meta['values']`` at each turn's first policy token), and ``meta['returns']`` gets the head's
     targets."""
-    from trajtune.algorithms.value import set_turn_return_targets, turn_start_values
-
     tts, n_nonfinite = mark_nonfinite_rewards(tts)
     for t in tts:
         r = turn_rewards(t)

@@ -239,12 +239,16 @@ def _call(model: Any, kwarg: str, cache: Any, ids: torch.Tensor, attn: torch.Ten
     return logits
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """Logits in float32 for the log-softmax (bf16 / fp16 models); a float64 model stays float64.
+    Here, below ``batch`` (which imports this module), so that both log-prob paths share it."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def group_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[int], p: int,
                    keep: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """log-probs of ``rows`` (sharing their first ``p`` tokens) at the positions ``keep`` (each
     predicting the next token) that fall inside the group's width: (positions, [rows, positions])."""
-    from trajtune.algorithms.batch import at_least_float32
-
     classes = _cache_classes()
     assert classes is not None
     cache_cls, record_cls, prefix_cls = classes

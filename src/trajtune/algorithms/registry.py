@@ -11,8 +11,16 @@ with two functions:
   ``Recipe``: an experience source (with its transform list), an objective, and how the learner
   should use them.
 
+An algorithm whose saved model needs more than base + adapter to run (DualTune's argument adapters
+and two-stage decoding) declares a ``load_hook``; ``load_trained`` runs the hooks, so model loading
+itself (``models.loading``) never names an algorithm.
+
 ``trajtune.train.run`` does the rest for every algorithm: run-directory checks, resume, the
 learner, the final model, ``result.json``. docs/algorithms.md walks through adding one (DPO).
+
+Loading a run config (``load_run_config``) lives here too: it dispatches on the ``algorithm:`` tag
+to the registered config classes, so ``trajtune.config`` (the shared sections, below every
+algorithm) never imports the registry.
 """
 
 from __future__ import annotations
@@ -25,10 +33,13 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
+from trajtune.config import read_config, validate_config
 from trajtune.errors import ConfigError
+from trajtune.models.loading import load_model
+from trajtune.models.resolve import resolve_model
 
-#: Modules that register the built-in algorithms (imported on first use, so importing the registry
-#: stays cheap and the config module never imports torch).
+#: Modules that register the built-in algorithms (imported on first use: each imports the registry
+#: to register itself, so the registry cannot import them at its top).
 BUILTIN_MODULES = ("trajtune.algorithms.sft", "trajtune.algorithms.rl", "trajtune.algorithms.rft",
                    "trajtune.algorithms.dpo", "trajtune.algorithms.tfgrpo",
                    "trajtune.algorithms.dualtune")
@@ -72,6 +83,9 @@ class Algorithm:
     summary: str
     prepare: Callable[[Any, RunContext], Any]
     build: Callable[[Any, RunContext, Any], Recipe]
+    #: (model, directory) -> model: completes a saved adapter directory loaded for inference (more
+    #: adapters, a sampler the model carries); returns the model unchanged for a directory not its own
+    load_hook: Callable[[Any, str], Any] | None = None
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -113,3 +127,34 @@ def run_config_union() -> Any:
     typing, schemas and docs; loading dispatches on the tag directly for clearer errors)."""
     classes = tuple(a.config for a in algorithms().values())
     return Annotated[Union[classes], Field(discriminator="algorithm")]  # type: ignore[valid-type]
+
+
+def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
+                    algorithm: str | None = None) -> Any:
+    """A run config of any registered algorithm, chosen by its ``algorithm:`` key (the union's tag).
+    ``algorithm`` is what the command implies (``trajtune sft`` → sft); a config naming another
+    algorithm is refused rather than silently run as something else."""
+    data, source = read_config(path, overrides)
+    known = algorithms()
+    tag = data.get("algorithm", algorithm)
+    if tag is None:
+        raise ConfigError(f"{source}: no `algorithm:` key; set one of: {', '.join(sorted(known))}")
+    if algorithm is not None and tag != algorithm:
+        raise ConfigError(f"{source}: algorithm: {tag} is not a {algorithm} config; run it with "
+                          f"`trajtune train --config {source}`")
+    if tag not in known:
+        raise ConfigError(f"{source}: unknown algorithm {tag!r}; known: {', '.join(sorted(known))}")
+    return validate_config({**data, "algorithm": tag}, known[tag].config, source)
+
+
+def load_trained(name_or_path: str, *, dtype: str = "auto") -> Any:
+    """A model for inference (not trainable), as ``models.loading.load_model`` loads it, completed by
+    every registered algorithm's ``load_hook`` when it is a saved adapter directory: a DualTune
+    run's final directory comes back with its argument adapters and decodes in two stages."""
+    model = load_model(name_or_path, dtype=dtype, trainable=False)
+    src = resolve_model(name_or_path)
+    if src.kind == "dir" and (Path(src.path) / "adapter_config.json").exists():
+        for algo in algorithms().values():
+            if algo.load_hook is not None:
+                model = algo.load_hook(model, src.path)
+    return model

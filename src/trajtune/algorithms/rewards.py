@@ -30,6 +30,7 @@ from pydantic import Field, field_validator, model_validator
 
 from trajtune.config import _C
 from trajtune.errors import ConfigError
+from trajtune.progress import console
 
 BUILTIN = ("env", "success", "format", "length", "turns")
 
@@ -151,7 +152,6 @@ class RewardComposer:
             self.errors += 1
             if name not in self.warned:
                 self.warned.add(name)
-                from trajtune.progress import console
 
                 console.print(f"[yellow]warning:[/yellow] reward term {name!r} raised {type(e).__name__}: {e} "
                               f"(episode {getattr(traj, 'id', '?')}); its episodes get no reward and are counted in "

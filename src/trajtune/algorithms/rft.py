@@ -15,10 +15,14 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
+from trajtune.algorithms.batch import fit_length
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.sft import SFTObjective, critical_steps, load_records, mask_errors, render_training_data
 from trajtune.config import DataSpec, EnvRunBase, _C
 from trajtune.envs.base import make_env
 from trajtune.errors import ConfigError, DataError, require_input
+from trajtune.experience import IterativeSource
 from trajtune.progress import console
 from trajtune.schema import Trajectory
 from trajtune.tokens import TokenTrajectory
@@ -79,11 +83,9 @@ def rft_mine(model: Any, tokenizer: Any, renderer: Any, env_factory: Any, tasks:
              per_task_quota: int, seed: int, dedup: bool = True,
              progress: Any = None) -> tuple[list[Trajectory], dict[str, int]]:
     """k attempts per task with ``model``, then ``select_successes``."""
-    from trajtune.rollout import run_rollouts
-
     expanded = [t for t in tasks for _ in range(k)]
-    episodes = run_rollouts(model, tokenizer, env_factory, expanded, rollout, seed=seed, renderer=renderer,
-                            progress=progress)
+    episodes = agent_loop.run_rollouts(model, tokenizer, env_factory, expanded, rollout, seed=seed, renderer=renderer,
+                                       progress=progress)
     return select_successes(episodes, per_task_quota, dedup)
 
 
@@ -130,8 +132,6 @@ def eef_mine(model: Any, tokenizer: Any, renderer: Any, env_factory: Any, failed
     ``attempts`` attempts (the state is reached by replaying the expert's actions); a state counts as
     solved when any attempt succeeds. Returns the expert trajectories with only their beneficial
     segments trained (those with none are left out) and counts."""
-    from trajtune.rollout import run_rollouts
-
     jobs: list[tuple[int, int]] = []  # (trajectory index, state index) per rollout
     tasks, prefixes, plan = [], [], []
     for i, (task, traj) in enumerate(failed):
@@ -146,8 +146,8 @@ def eef_mine(model: Any, tokenizer: Any, renderer: Any, env_factory: Any, failed
                 jobs.append((i, k))
     solved: dict[tuple[int, int], bool] = defaultdict(bool)
     if tasks:
-        episodes = run_rollouts(model, tokenizer, env_factory, tasks, rollout, seed=seed, renderer=renderer,
-                                prefixes=prefixes)
+        episodes = agent_loop.run_rollouts(model, tokenizer, env_factory, tasks, rollout, seed=seed, renderer=renderer,
+                                           prefixes=prefixes)
         for job, e in zip(jobs, episodes):
             solved[job] |= bool(e.trajectory.outcome is not None and e.trajectory.outcome.success)
     out: list[Trajectory] = []
@@ -215,8 +215,6 @@ class RFTRunConfig(EnvRunBase):
 
 
 def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
-    from trajtune.algorithms.sft import critical_steps, load_records, mask_errors, render_training_data
-
     env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment
     if cfg.rft.eef and not env.deterministic:
         raise ConfigError(f"rft.eef replays expert actions to reach states, and environment {cfg.env.name!r} is not "
@@ -254,11 +252,6 @@ def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
 
 
 def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Recipe:
-    from trajtune.algorithms.batch import fit_length
-    from trajtune.algorithms.sft import SFTObjective
-    from trajtune.experience import IterativeSource
-    from trajtune.schema import Trajectory
-
     assert ctx.out is not None
     r = cfg.rft
     ro = cfg.rollout.to_config()

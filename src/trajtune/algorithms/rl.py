@@ -1,8 +1,11 @@
 """The ``rl`` algorithm: online multi-turn policy gradient (GRPO, Dr. GRPO, RLOO, REINFORCE++).
 
-The math (advantages, termination policy, overlong penalty, the clipped objective) is in
-``algorithms.grpo``; this module is the recipe: a rollout source with the transform list the
-config asks for, the objective, and how many updates one rollout batch feeds (``ppo_epochs`` ×
+The math is in three small modules: ``algorithms.advantages`` (the group estimators, turn-level
+credit), ``algorithms.episode_transforms`` (non-finite rewards, termination policy, overlong
+penalty, reference log-probs) and ``algorithms.policy_gradient`` (the clipped objective with KL).
+This module is the recipe: a rollout source with the transform list the config asks for
+(``rl_transforms``, which also dispatches ``rl.credit`` to its estimator: group, turn, MC-Critic
+or GAE), the objective, and how many updates one rollout batch feeds (``ppo_epochs`` ×
 ``mini_batches``; with more than one, π_old is the sampling policy's stored log-probs, so the
 ratio leaves 1 and the clip binds).
 """
@@ -10,21 +13,52 @@ ratio leaves 1 and the clip binds).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trajtune.algorithms.grpo import DEFAULT_TERMINATION_POLICY, PolicyGradientObjective
-from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune import distributed as dist
+from trajtune.algorithms.advantages import (
+    Estimator,
+    Whitening,
+    assign_advantages,
+    assign_turn_advantages,
+    groups_of,
+    is_informative,
+)
 from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
-from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec
+from trajtune.algorithms.episode_transforms import (
+    DEFAULT_TERMINATION_POLICY,
+    TerminationPolicy,
+    add_ref_logprobs,
+    apply_overlong_penalty,
+    apply_termination_policy,
+    mark_nonfinite_rewards,
+)
+from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec, assign_mc_advantages
+from trajtune.algorithms.policy_gradient import PolicyGradientObjective
+from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
 from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec
-from trajtune.algorithms.value import ValueSpec
+from trajtune.algorithms.value import (
+    ValueEstimator,
+    ValueHead,
+    ValueObjective,
+    ValueSpec,
+    assign_gae_advantages,
+    chain_critics,
+    hidden_size,
+)
 from trajtune.config import EnvRunBase, TrainSpec, _C
-from trajtune.errors import ConfigError
+from trajtune.envs.adapters.openai_policy import endpoint_policy
 from trajtune.envs.base import make_env
+from trajtune.errors import ConfigError, ServerError
+from trajtune.experience import OneStepAhead, RolloutSource, Transform
+from trajtune.generation import supports
+from trajtune.remote import ServerClient, ServerSampler, ServerSynced, WeightSync
+from trajtune.tokens import TokenTrajectory
 
 
 class DynamicSampling(BaseModel):
@@ -204,13 +238,67 @@ class RLRunConfig(EnvRunBase):
         return v
 
 
+def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, TerminationPolicy] | None = None,
+                  drop_equal_groups: bool = False, whitening: Whitening = "token", masked_in_baseline: bool = False,
+                  overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
+                  temperature: float = 1.0, credit: str = "episode",
+                  gamma: float = 1.0, lam: float = 1.0, value_weight: float = 0.0,
+                  whiten_advantages: bool = False) -> tuple[list[Transform], list[Transform]]:
+    """The RL transform lists for ``RolloutSource``, in order: (per round) non-finite rewards →
+    termination policy → overlong penalty → informative-group filter; (per batch) advantages →
+    reference log-probs. ``credit`` picks the advantages: ``episode`` (group estimators), ``turn``
+    (per-turn returns), ``mc_critic`` (turn-level GAE on Monte-Carlo values), ``gae`` (token-level
+    GAE on a value head); the dispatch is here, with the algorithm, not in the experience sources."""
+
+    def nonfinite(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        tts, n = mark_nonfinite_rewards(tts)
+        return tts, {"nonfinite_rewards": float(n)}
+
+    def terminate(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        return apply_termination_policy(tts, termination), {}
+
+    def penalise(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        assert overlong is not None
+        return tts, {"overlong_penalty": apply_overlong_penalty(tts, *overlong)}
+
+    def informative(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        groups = groups_of(tts)
+        keep = {g for g, members in groups.items() if is_informative(members)}
+        return [t for t in tts if (t.group or t.traj_id) in keep], {"equal_reward_groups": float(len(groups) - len(keep))}
+
+    def advantages(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        if credit == "turn":
+            kept, m = assign_turn_advantages(tts, estimator, gamma, masked_in_baseline)  # type: ignore[arg-type]
+        elif credit == "mc_critic":
+            kept, m = assign_mc_advantages(tts, gamma, lam, value_weight)
+        elif credit == "gae":
+            kept, m = assign_gae_advantages(tts, gamma, lam, whiten_advantages)
+        else:
+            kept, m = assign_advantages(tts, estimator, False, whitening, masked_in_baseline)
+        skip = {"nonfinite_rewards"} | ({"equal_reward_groups"} if drop_equal_groups else set())
+        return kept, {k: v for k, v in m.items() if k not in skip}
+
+    def reference(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        if tts:
+            add_ref_logprobs(ref_model, tts, pad_id, temperature)
+        return tts, {}
+
+    per_round: list[Transform] = [nonfinite, terminate]
+    if overlong is not None:
+        per_round.append(penalise)
+    if drop_equal_groups:
+        per_round.append(informative)
+    per_batch: list[Transform] = [advantages]
+    if ref_model is not None:
+        per_batch.append(reference)
+    return per_round, per_batch
+
+
 def episode_writer(path: Path) -> Any:
     """``on_episodes`` callback appending every sampled episode to ``path``, tagged with the optimizer
     step it feeds (step + 1, the number metrics.jsonl uses)."""
 
     def keep(step: int, episodes: list[Any]) -> None:
-        from trajtune import distributed as dist
-
         if not dist.is_main():  # every rank samples the same episodes; one copy is kept
             return
         with path.open("a") as f:
@@ -225,8 +313,6 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     if cfg.rl.reward is not None:
         RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
     if cfg.rl.turn_judge is not None and cfg.rl.turn_judge.judge.startswith("openai:"):
-        from trajtune.envs.adapters.openai_policy import endpoint_policy
-
         endpoint_policy(cfg.rl.turn_judge.judge, cfg.rl.turn_judge.judge_model, option="rl.turn_judge.judge")
     if cfg.rl.credit == "mc_critic":
         if not env.deterministic and not env.can_snapshot():
@@ -241,8 +327,6 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     server = cfg.rollout.server
     if server is None:
         return None
-    from trajtune.remote import ServerClient
-
     client = ServerClient(server.url, server.model, server.timeout_s)
     client.check(len(ctx.tokenizer), ctx.renderer.stop_ids())  # before anything is written (ServerError)
     return client
@@ -252,8 +336,6 @@ def _mc_shaping(r: RLSpec, composer: RewardComposer | None) -> Any:
     """The training reward for MC-Critic's rollouts: reward composition, then the non-finite check,
     the termination policy and the overlong penalty, as the episodes get (not the judge: too costly,
     and not the group filter: the rollouts are not groups)."""
-    from trajtune.algorithms.grpo import apply_overlong_penalty, apply_termination_policy, mark_nonfinite_rewards
-
     # "drop" becomes "mask": a dropped rollout is no evidence, and masked rollouts leave the mean
     policy = {k: "mask" if v == "drop" else v for k, v in {**DEFAULT_TERMINATION_POLICY, **r.termination}.items()}
 
@@ -285,17 +367,13 @@ def _episode_hooks(r: RLSpec, composer: RewardComposer | None) -> Any:
 
 
 def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
-    from trajtune.experience import RolloutSource, rl_transforms
-
     assert ctx.out is not None
     r = cfg.rl
     ro = cfg.rollout.to_config()
     env = make_env(cfg.env.name, **cfg.env.kwargs)
     snapshots = r.credit == "mc_critic" and not env.deterministic
     if snapshots:  # MC-Critic returns to states by snapshot: take one before every turn
-        from dataclasses import replace as _replace
-
-        ro = _replace(ro, snapshots=True)
+        ro = replace(ro, snapshots=True)
     temperature = ro.temperature if ro.temperature > 0 else 1.0
     ref = ctx.load_reference() if r.kl_coef > 0 and ctx.load_reference else None
     tok = ctx.tokenizer
@@ -315,8 +393,6 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
                            snapshots=snapshots) if r.credit == "mc_critic" else None
     head = None
     if r.uses_value_head():  # the value head: its V_old is read before the advantages, then trained jointly
-        from trajtune.algorithms.value import ValueEstimator, ValueHead, chain_critics, hidden_size
-
         head = ValueHead(hidden_size(ctx.model))
         estimate = ValueEstimator(head, pad_id)
         critic = estimate if critic is None else chain_critics(critic, estimate)
@@ -338,8 +414,6 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     if head is None:
         objective = PolicyGradientObjective(*surrogate)
     else:
-        from trajtune.algorithms.value import ValueObjective
-
         v = r.value or ValueSpec()
         objective = ValueObjective(*surrogate, head=head, vf_coef=v.vf_coef, value_clip=v.clip)
     return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
@@ -349,9 +423,6 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
 
 
 def _through_server(source: Any, client: Any, cfg: RLRunConfig, ctx: RunContext) -> tuple[Any, Any]:
-    from trajtune.errors import ServerError
-    from trajtune.remote import ServerSampler, ServerSynced, WeightSync
-
     assert ctx.out is not None
     vocab = int(ctx.model.get_output_embeddings().weight.shape[0])
     served = int(client.info()["vocab_size"])
@@ -365,9 +436,6 @@ def _through_server(source: Any, client: Any, cfg: RLRunConfig, ctx: RunContext)
 
 
 def _one_step_ahead(source: Any, cfg: RLRunConfig, ctx: RunContext) -> Any:
-    from trajtune.experience import OneStepAhead
-    from trajtune.generation import supports
-
     if not (cfg.rollout.reuse_kv_cache and supports(ctx.model)):
         raise ConfigError("rl.async_rollouts needs the KV-cache sampler (rollout.reuse_kv_cache: true and a model "
                           "it serves, see docs/algorithms.md): generate()'s global random state would make the "

@@ -16,11 +16,20 @@ import torch
 from pydantic import Field
 
 from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch, selected_logits
+from trajtune.algorithms.batch import Batch, fit_length, selected_logits
+from trajtune.algorithms.critical_steps import make_selector, select_critical
+from trajtune.algorithms.error_mask import mask_error_turns
+from trajtune.algorithms.faft import faft_records
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.chat.render import RenderError
 from trajtune.config import DataSpec, RunBase
 from trajtune.errors import DataError, require_input
+from trajtune.experience import DatasetSource
+from trajtune.formats import LoadStats, load_any
+from trajtune.formats.text import iter_documents
+from trajtune.progress import bar
 from trajtune.tokens import SOURCE_PAD, SOURCE_PROMPT, TokenTrajectory
+from trajtune.validate import record_check
 
 
 def eaft_weights(logits: torch.Tensor, top_k: int = 20, alpha: float = 1.0) -> torch.Tensor:
@@ -89,10 +98,6 @@ def render_training_data(trajs: list[Any], renderer: Any, path: str, max_length:
 
     Returns the samples and counts for result.json: records with no trained token (by reason) and
     samples cut or dropped by the truncation policy."""
-    from trajtune.algorithms.batch import fit_length
-    from trajtune.chat.render import RenderError
-    from trajtune.progress import bar
-
     tts: list[TokenTrajectory] = []
     dropped: Counter = Counter()
     with bar("render", len(trajs), enabled=not quiet) as adv:
@@ -124,15 +129,10 @@ def iter_data(path: str, fmt: str | None, skip_invalid: bool = False, stats: Any
     """Read training data in any supported format (auto-detected when ``fmt`` is None, gzip read
     directly), refusing what `trajtune data validate` rejects (or, with ``skip_invalid``, skipping
     it and counting it in ``stats``)."""
-    from trajtune.formats import load_any
-    from trajtune.validate import record_check
-
     yield from load_any(path, format=fmt, skip_invalid=skip_invalid, stats=stats, check=record_check(path))
 
 
 def load_records(spec: DataSpec) -> tuple[list[Any], Any]:
-    from trajtune.formats import LoadStats
-
     trajs = []
     load = LoadStats()
     for i, t in enumerate(iter_data(spec.path, spec.format, spec.skip_invalid, load)):
@@ -150,7 +150,6 @@ def mask_errors(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, 
     returns the rewritten records and the masked turns by reason (for result.json)."""
     if not spec.mask_errors:
         return trajs, {}
-    from trajtune.algorithms.error_mask import mask_error_turns
 
     total: Counter = Counter()
     out = []
@@ -166,7 +165,6 @@ def critical_steps(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[st
     the rewritten records and the selection counts (for result.json)."""
     if spec.critical_steps is None:
         return trajs, {}
-    from trajtune.algorithms.critical_steps import make_selector, select_critical
 
     # after mask_errors the flags are explicit already: keep them
     return select_critical(trajs, spec.critical_steps, "hint" if spec.mask_errors else spec.train_on,
@@ -177,8 +175,6 @@ def pack_documents(path: str, tokenizer: Any, max_length: int) -> tuple[list[Tok
     """``data.format: text``: documents tokenized, each closed by the eos token, concatenated and cut
     into blocks of ``max_length`` tokens (packing, as continual pre-training does: attention spans
     document boundaries within a block). Every token is trained; its source is ``prompt``."""
-    from trajtune.formats.text import iter_documents
-
     eos = tokenizer.eos_token_id
     stream: list[int] = []
     n_docs = 0
@@ -201,8 +197,6 @@ def conversation_data(data: Any, ctx: RunContext) -> tuple[list[Any], list[Token
     trajs, load = load_records(data)
     faft: dict[str, Any] = {}
     if data.faft:
-        from trajtune.algorithms.faft import faft_records
-
         trajs, faft = faft_records(trajs)
     trajs, masked = mask_errors(trajs, data)
     trajs, critical = critical_steps(trajs, data)
@@ -225,8 +219,6 @@ def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory],
 
 
 def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:
-    from trajtune.experience import DatasetSource
-
     tts, counts = prepared
     t = cfg.train
     return Recipe(source=DatasetSource(tts, t.batch_size, cfg.seed),

@@ -34,12 +34,19 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
+from trajtune import distributed as dist
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.rl import episode_writer
 from trajtune.config import EnvRunBase, _C
 from trajtune.envs.adapters.experiences import EXPERIENCES_FILE, WithExperiences
+from trajtune.envs.adapters.openai_policy import endpoint_policy
 from trajtune.envs.base import make_env
 from trajtune.errors import ConfigError
+from trajtune.experience import pick_tasks
+from trajtune.judge import ask, make_judge, render_episode
 from trajtune.schema import Message, atomic_write_text
+from trajtune.serve import ChatService
 
 SUMMARY_PROMPT = """\
 You review one attempt of an AI agent at a task. In two to four sentences, say what the agent did,
@@ -273,13 +280,11 @@ class LessonSource:
         return lambda: WithExperiences(base(), lessons)
 
     def batch(self, step: int, model: Any) -> tuple[list[Any], dict[str, float]]:
-        from trajtune.experience import pick_tasks
-        from trajtune.rollout import run_rollouts
-
         s = self.spec
         tasks = pick_tasks(self.tasks, step, 0, s.tasks_per_step, self.seed)
-        episodes = run_rollouts(model, self.tokenizer, self.factory(), [t for t in tasks for _ in range(s.group_size)],
-                                self.rollout, seed=self.seed * 1_000_003 + step, renderer=self.renderer)
+        episodes = agent_loop.run_rollouts(model, self.tokenizer, self.factory(),
+                                           [t for t in tasks for _ in range(s.group_size)], self.rollout,
+                                           seed=self.seed * 1_000_003 + step, renderer=self.renderer)
         if self.on_episodes is not None:
             self.on_episodes(step, episodes)
         groups = [episodes[i * s.group_size:(i + 1) * s.group_size] for i in range(len(tasks))]
@@ -293,8 +298,6 @@ class LessonSource:
 
     # -- the LLM -----------------------------------------------------------------------------
     def _summary(self, episode: Any) -> str | None:
-        from trajtune.judge import render_episode
-
         msgs = [Message(role="system", content=SUMMARY_PROMPT),
                 Message(role="user", content=f"{render_episode(episode.trajectory)}\n\n## Reward\n{_reward(episode):g}")]
         try:
@@ -375,14 +378,11 @@ class NoUpdate:
 
 
 def _prepare(cfg: TFGRPORunConfig, ctx: RunContext) -> Any:
-    from trajtune import distributed as dist
-
     if dist.world_size() > 1:
         raise ConfigError(f"tfgrpo with {dist.world_size()} processes is not supported (there is nothing to train "
                           "in parallel); launch a single process")
     make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
     if cfg.tfgrpo.llm.startswith("openai:"):  # an unreachable endpoint is refused before anything is written
-        from trajtune.envs.adapters.openai_policy import endpoint_policy
 
         endpoint_policy(cfg.tfgrpo.llm, cfg.tfgrpo.llm_model, option="tfgrpo.llm")
     return None
@@ -390,11 +390,7 @@ def _prepare(cfg: TFGRPORunConfig, ctx: RunContext) -> Any:
 
 def make_ask(spec: TFGRPOSpec, ctx: RunContext) -> Ask:
     """The lesson LLM: the policy answered in-process (greedy), or ``judge.make_judge``'s backend."""
-    from trajtune.judge import ask, make_judge
-
     if spec.llm == "policy":
-        from trajtune.serve import ChatService
-
         complete, model = ChatService(ctx.model, ctx.tokenizer, ctx.renderer, name="policy",
                                       max_tokens=spec.max_tokens).complete, "policy"
     else:
@@ -405,8 +401,6 @@ def make_ask(spec: TFGRPOSpec, ctx: RunContext) -> Ask:
 
 def _build(cfg: TFGRPORunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     from dataclasses import replace
-
-    from trajtune.algorithms.rl import episode_writer
 
     assert ctx.out is not None
     s = cfg.tfgrpo

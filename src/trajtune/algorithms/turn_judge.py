@@ -23,7 +23,9 @@ from typing import Any
 
 from pydantic import Field
 
+from trajtune.algorithms.critical_steps import numbered_transcript
 from trajtune.config import _C
+from trajtune.judge import _json_objects, ask, make_judge
 from trajtune.schema import Message
 
 PROMPT = """\
@@ -47,8 +49,6 @@ class TurnJudgeSpec(_C):
 
 def parse_scores(text: str, n_turns: int) -> list[int]:
     """One −1/0/+1 per turn from ``{"scores": [...]}``; ValueError when the reply cannot be used."""
-    from trajtune.judge import _json_objects
-
     for obj in _json_objects(text or ""):
         if isinstance(obj, dict) and "scores" in obj:
             s = obj["scores"]
@@ -67,15 +67,10 @@ class TurnJudge:
 
     @classmethod
     def from_spec(cls, spec: TurnJudgeSpec) -> "TurnJudge":
-        from trajtune.judge import make_judge
-
         judge = make_judge(spec.judge, model=spec.judge_model, max_tokens=spec.max_tokens, workers=spec.workers)
         return cls(spec, judge.complete, judge.model)
 
     def scores(self, episode: Any) -> list[int]:
-        from trajtune.algorithms.critical_steps import numbered_transcript
-        from trajtune.judge import ask
-
         traj = episode.trajectory
         n = sum(1 for m in traj.messages if m.role == "assistant")
         msgs = [Message(role="system", content=PROMPT),

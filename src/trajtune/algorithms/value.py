@@ -38,13 +38,10 @@ import torch
 from pydantic import Field
 
 from trajtune.algorithms.base import Metrics
+from trajtune.algorithms.advantages import turn_returns, turn_rewards
 from trajtune.algorithms.batch import Batch, collate
-from trajtune.algorithms.grpo import (
-    PolicyGradientObjective,
-    mark_nonfinite_rewards,
-    turn_returns,
-    turn_rewards,
-)
+from trajtune.algorithms.episode_transforms import mark_nonfinite_rewards
+from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.config import _C
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 

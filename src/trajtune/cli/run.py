@@ -35,7 +35,7 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars 
 
 def _train(config: Path, set_: list[str] | None, algorithm: str | None, overwrite: bool, resume: bool,
            allow_config_change: bool, quiet: bool) -> None:
-    from trajtune.config import load_run_config
+    from trajtune.algorithms.registry import load_run_config
     from trajtune.train import run
 
     from trajtune import distributed

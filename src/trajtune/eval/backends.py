@@ -10,7 +10,9 @@ The harness needs two things from a model:
 loop RL trains with) and a batched prompt→completion call rendered with the model's own chat
 template. ``TextBackend`` wraps a plain ``generate_fn(messages, tools) -> str`` (a test double, a
 server client) and drives environments with the message-level loop of ``trajtune.envs.runner``.
-Both parse text with the same registered tool-call parser.
+Both parse text with the same registered tool-call parser. ``trajtune.rollout`` and
+``trajtune.generation`` are imported inside ``HFBackend`` only: they import torch, which a
+``TextBackend`` (an endpoint, a test double) never needs.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from trajtune.chat.parsers import assistant_message, parse_tool_calls
+from trajtune.chat.render import ChatRenderer
 from trajtune.envs.base import Environment, Task
+from trajtune.envs.runner import run_episodes, step_batch
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 
 Prompt = tuple[list[Message], list[ToolSpec]]
@@ -45,8 +49,6 @@ class HFBackend:
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 256, max_length: int = 4096, batch_size: int = 16, parser: str = "hermes",
                  workers: int = 8, step_timeout_s: float = 30.0, renderer: Any = None):
-        from trajtune.chat.render import ChatRenderer
-
         self.model, self.tok = model, tokenizer
         self.renderer = renderer or ChatRenderer(tokenizer)
         self.temperature, self.top_p = temperature, top_p
@@ -62,7 +64,6 @@ class HFBackend:
 
     def rollout(self, env_factory: Callable[[], Environment], tasks: Sequence[Task], *, max_turns: int,
                 seed: int) -> list[Trajectory]:
-        from trajtune.envs.runner import step_batch
         from trajtune.rollout import run_rollouts
 
         workers = self.workers
@@ -77,14 +78,14 @@ class HFBackend:
     def complete(self, prompts: Sequence[Prompt], *, seed: int) -> list[str | None]:
         import torch
 
-        from trajtune.dualtune_decode import DualTuneSampler, dualtune_spec
+        from trajtune.generation import sampler_for
         from trajtune.rollout import _generate  # the rollout's own sampler: same decoding as RL
 
-        spec = dualtune_spec(self.model)
         eot = self.renderer.stop_ids()
         cfg = self._config(1)
-        # two-stage decoding for a DualTune model (dualtune_decode)
-        dual = DualTuneSampler(self.model, self.tok, spec, cfg.temperature, cfg.top_p, eot) if spec is not None else None
+        # a sampler the model carries (a DualTune model decodes in two stages), else generate()
+        own = sampler_for(self.model, self.tok, temperature=cfg.temperature, top_p=cfg.top_p, stop_ids=eot,
+                          reuse_cache=False)
         out: list[str | None] = [None] * len(prompts)
         seqs = [self.renderer.prompt_ids(m, t) for m, t in prompts]  # with render.assistant_prefix
         fits = [i for i, s in enumerate(seqs) if len(s) < self.max_length]
@@ -95,8 +96,8 @@ class HFBackend:
                 rows = fits[b0:b0 + self.batch_size]
                 room = [min(self.max_new_tokens, self.max_length - len(seqs[i])) for i in rows]
                 with torch.no_grad():
-                    if dual is not None:
-                        gens = [g[:3] for g in dual.turn([(None, seqs[i]) for i in rows], room, seed + b0)]
+                    if own is not None:
+                        gens = [g[:3] for g in own.turn([(None, seqs[i]) for i in rows], room, seed + b0)]
                     else:
                         gens = _generate(self.model, self.tok, [seqs[i] for i in rows], room, cfg, eot, seed + b0)
                 for i, (ids, _lps, ended) in zip(rows, gens):
@@ -134,8 +135,6 @@ class TextBackend:
 
     def rollout(self, env_factory: Callable[[], Environment], tasks: Sequence[Task], *, max_turns: int,
                 seed: int) -> list[Trajectory]:
-        from trajtune.envs.runner import run_episodes
-
         trajs = run_episodes(env_factory, list(tasks), _TextPolicy(self.generate_fn, self.parser),
                              max_turns=max_turns, timeout_s=self.step_timeout_s, max_workers=self.workers)
         for t, task in zip(trajs, tasks):

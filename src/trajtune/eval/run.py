@@ -134,10 +134,11 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     scorers: list[Any] = []
     try:
         if backend is None:
-            from trajtune.models.loading import load_model, to_device
+            from trajtune.algorithms.registry import load_trained  # a DualTune directory: all its adapters
+            from trajtune.models.loading import to_device
 
             try:
-                model = to_device(load_model(settings.model, trainable=False), settings.device)
+                model = to_device(load_trained(settings.model), settings.device)
             except BaseException:
                 if fresh and store is not None:
                     store.close()

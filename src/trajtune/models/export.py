@@ -21,8 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trajtune import __version__
 from trajtune.errors import OutputError, UsageError
 from trajtune.models.errors import ModelLoadError
+from trajtune.models.loading import _quiet_transformers
+from trajtune.models.resolve import resolve_model
+from trajtune.schema import normal_permissions
 
 DTYPES = ("float32", "bfloat16", "float16")
 EXPORT_FILE = "export.json"
@@ -70,11 +74,6 @@ def export_adapter(model: str, out: str | Path, *, dtype: str | None = None, ove
     write the merged model to ``out``. ``dtype`` (float32, bfloat16, float16) is the dtype saved;
     None keeps the base's. Returns the output path and the ``export.json`` summary."""
     import torch
-
-    from trajtune import __version__
-    from trajtune.models.loading import _quiet_transformers
-    from trajtune.models.resolve import resolve_model
-    from trajtune.schema import normal_permissions
 
     say = notify or (lambda _m: None)
     if dtype is not None and dtype not in DTYPES:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trajtune.errors import UsageError
 from trajtune.models.errors import ModelLoadError
 from trajtune.models.resolve import check_hub, resolve_model
 
@@ -64,8 +65,6 @@ def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
 def to_device(model: Any, device: str = "auto") -> Any:
     """``model`` moved to ``device`` (``auto``: CUDA when this machine has it, else the CPU). A device
     the machine lacks is the user's to fix, so it is a one-line error naming --device, not a traceback."""
-    from trajtune.errors import UsageError
-
     if device == "auto":
         import torch
 
@@ -78,7 +77,9 @@ def to_device(model: Any, device: str = "auto") -> Any:
 
 def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str = "auto",
                trainable: bool = True, gradient_checkpointing: bool = False) -> Any:
-    """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given.
+    """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given. A directory an
+    algorithm saved with more than one adapter (DualTune) is completed by that algorithm's load hook:
+    load it for inference with ``algorithms.registry.load_trained``.
 
     ``gradient_checkpointing`` recomputes each layer's activations in the backward pass instead of
     keeping them: less memory for about a third more compute. It acts in training mode only, so
@@ -106,10 +107,6 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
             model = PeftModel.from_pretrained(model, src.path, is_trainable=trainable and lora is None)
             if lora is not None:
                 model = model.merge_and_unload()
-            elif not trainable:  # a DualTune directory, for inference: its argument adapters too (dualtune_decode)
-                from trajtune.dualtune_decode import load_dualtune_adapters
-
-                model = load_dualtune_adapters(model, src.path)
         else:
             model = AutoModelForCausalLM.from_pretrained(src.path, dtype=torch_dtype)
     except OSError as e:

@@ -15,8 +15,17 @@ from pathlib import Path
 from typing import Literal
 
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.gguf import alias_gguf, cache_root, cached_dir, convert_gguf, is_complete
-from trajtune.models.registry import ALIASES, ModelAlias, get_alias, require_parts
+from trajtune.models.gguf import (
+    alias_gguf,
+    assembled_path,
+    cache_root,
+    cached_dir,
+    convert_gguf,
+    is_complete,
+    read_provenance,
+)
+from trajtune.models.registry import ALIASES, ModelAlias, get_alias, part_paths, require_parts
+from trajtune.progress import console
 
 _HF_FILES = ("config.json", "adapter_config.json", "tokenizer_config.json")  # a tokenizer-only dir serves doctor
 _CONVERTED = re.compile(r".+-[0-9a-f]{16}")  # cache dir name: <gguf stem>-<sha256 prefix>
@@ -37,8 +46,6 @@ class ResolvedModel:
 
 
 def _notify(message: str) -> None:
-    from trajtune.progress import console
-
     console.print(message, highlight=False, soft_wrap=True)
 
 
@@ -111,9 +118,6 @@ def list_models() -> list[dict[str, object]]:
 
     An alias's cache directory follows from its pinned SHA-256, so listing hashes nothing.
     """
-    from trajtune.models.gguf import assembled_path, read_provenance
-    from trajtune.models.registry import part_paths
-
     rows: list[dict[str, object]] = []
     for alias in ALIASES.values():
         parts = part_paths(alias)

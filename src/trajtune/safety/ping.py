@@ -488,7 +488,8 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
     from trajtune.config import load_render
     from trajtune.envs.base import make_env
     from trajtune.eval.run import model_context_length, resolve_max_length
-    from trajtune.models.loading import load_model, load_tokenizer, to_device
+    from trajtune.algorithms.registry import load_trained
+    from trajtune.models.loading import load_tokenizer, to_device
     from trajtune.rollout import RolloutConfig
     from trajtune.schema import atomic_write_text
 
@@ -499,7 +500,7 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
     tok = load_tokenizer(s.model, s.template)
     plain = ChatRenderer(tok, load_render(s.render).to_render_config(), s.template)  # no prefix: proposer, parser
     max_length, _ = resolve_max_length(s.max_length, model_context_length(s.model, tok))
-    model = to_device(load_model(s.model, trainable=False), s.device)
+    model = to_device(load_trained(s.model), s.device)  # a DualTune directory: all its adapters
     rollout = RolloutConfig(max_turns=s.max_turns or probe.max_turns, max_new_tokens=s.max_new_tokens,
                             max_length=max_length, temperature=s.temperature, batch_size=s.batch_size,
                             parser=plain.parser or "hermes")

@@ -1,13 +1,17 @@
 """Two-stage decoding for DualTune models: the selector writes up to the tool name, the named
-tool's adapter writes the arguments (docs/algorithms.md, DualTune).
+tool's adapter writes the arguments (docs/algorithms.md, DualTune); and the adapter plumbing that
+decoding and training share (the selector's name, switching the active adapter, ``dualtune.json``).
 
-``DualTuneSampler`` has ``CachedSampler.turn``'s signature, so ``run_rollouts`` (RL, RFT, the
-in-run evaluation, ``trajtune eval``) uses it in place of the ordinary sampler whenever the model
-carries a DualTune spec (``model.trajtune_dualtune``, set by ``load_model`` from ``dualtune.json``
-and by the ``dualtune`` algorithm while it trains).
+A DualTune model carries its decoding: ``attach`` sets the spec (``trajtune_dualtune``) and the
+sampler hook ``generation.sampler_for`` looks for (``generation.SAMPLER_HOOK``), so every caller
+of ``sampler_for`` (``run_rollouts`` for RL, RFT and the in-run evaluation, ``trajtune eval``'s
+completions) decodes in two stages without naming DualTune. ``attach`` runs when the ``dualtune``
+algorithm builds its recipe and in ``load_dualtune_adapters``, the algorithm's load hook
+(``Algorithm.load_hook``: ``registry.load_trained`` runs it on a saved directory).
 
-After every sampled token the turn's text is scanned with ``trajtune.chat.call_spans.call_splits``,
-the scanner that also cut the training targets:
+``DualTuneSampler`` has ``CachedSampler.turn``'s signature. After every sampled token the turn's
+text is scanned with ``trajtune.chat.call_spans.call_splits``, the scanner that also cut the
+training targets:
 
 - while the selector is active and a call's name string has just closed, the named tool's adapter
   takes over (the token that closed the name is the selector's);
@@ -24,12 +28,55 @@ on its own; returned caches are None and the rollout passes the full sequence ea
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from trajtune.algorithms.dualtune import SELECTOR, activate, peft_model
 from trajtune.chat.call_spans import call_splits
+from trajtune.errors import DataError
+from trajtune.generation import SAMPLER_HOOK, cache_kwarg
+from trajtune.models.errors import ModelLoadError
+
+SELECTOR = "default"  # peft's first adapter: what ``load_model`` loads from the final directory alone
+SPEC_FILE = "dualtune.json"
+
+
+def peft_model(model: Any) -> Any:
+    """The PeftModel inside whatever wraps it (accelerate, DDP)."""
+    m = model
+    while not hasattr(m, "peft_config") and hasattr(m, "module"):
+        m = m.module
+    return m
+
+
+def activate(model: Any, adapter: str) -> None:
+    """Make ``adapter`` the one in the forward pass, keeping every adapter's weights trainable (peft's
+    ``set_adapter`` freezes the others; the optimizer holds them all, and an adapter absent from the
+    forward pass gets no gradient anyway)."""
+    pm = peft_model(model)
+    if pm.active_adapter == adapter:
+        return
+    lora = [p for n, p in pm.named_parameters() if "lora_" in n]
+    trainable = any(p.requires_grad for p in lora)
+    pm.set_adapter(adapter)
+    for p in lora:
+        p.requires_grad_(trainable)
+
+
+def read_spec(path: str | Path) -> dict[str, Any] | None:
+    """The ``dualtune.json`` of a saved DualTune model directory, or None for any other model."""
+    p = Path(path) / SPEC_FILE
+    if not p.is_file():
+        return None
+    try:
+        spec = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{p}: not valid JSON ({e}); it maps tool names to DualTune argument adapters") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("arguments"), dict):
+        raise DataError(f"{p}: expected an object with an 'arguments' map (tool name → adapter)")
+    return spec
 
 
 def dualtune_spec(model: Any) -> dict[str, Any] | None:
@@ -41,6 +88,22 @@ def dualtune_spec(model: Any) -> dict[str, Any] | None:
     return spec if isinstance(spec, dict) else None
 
 
+def dualtune_sampler(model: Any, tokenizer: Any, temperature: float, top_p: float,
+                     stop_ids: list[int]) -> "DualTuneSampler | None":
+    """The sampler hook ``attach`` sets (``generation.SAMPLER_HOOK``): two-stage decoding while the
+    model carries a spec, else None (``sampler_for`` then picks the ordinary sampler)."""
+    spec = dualtune_spec(model)
+    return DualTuneSampler(model, tokenizer, spec, temperature, top_p, stop_ids) if spec is not None else None
+
+
+def attach(model: Any, arguments: dict[str, str], shared: str | None) -> None:
+    """Make ``model`` (its PeftModel) a DualTune model: its spec (tool → argument adapter), and the
+    sampler hook, so rollouts and evaluation decode it in two stages."""
+    pm = peft_model(model)
+    pm.trajtune_dualtune = {"selector": SELECTOR, "arguments": arguments, "shared": shared}
+    setattr(pm, SAMPLER_HOOK, dualtune_sampler)
+
+
 class DualTuneSampler:
     """Samples one assistant turn per row in two stages (see the module docstring)."""
 
@@ -50,9 +113,7 @@ class DualTuneSampler:
         self.temperature, self.top_p = temperature, top_p
         self.stops = set(stop_ids)
         self.device = next(model.parameters()).device
-        from trajtune.generation import _cache_kwarg
-
-        self.kw = _cache_kwarg(model) or "past_key_values"
+        self.kw = cache_kwarg(model) or "past_key_values"
         self.last_adapters: list[list[str]] = []  # per row of the last turn: the adapter of each token
 
     def adapter_for(self, tool: str) -> str:
@@ -92,7 +153,7 @@ class DualTuneSampler:
         return SELECTOR, done
 
     def _row(self, prefix: list[int], max_new: int, gen: torch.Generator) -> tuple[list[int], list[float], bool, list[str]]:
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # lazy: the algorithm registry imports this module, CLIs stay fast
 
         out: list[int] = []
         lps: list[float] = []
@@ -139,24 +200,19 @@ class DualTuneSampler:
         return results
 
 
-def load_dualtune_adapters(model: Any, path: str, trainable: bool = False) -> Any:
-    """Load the argument adapters of the DualTune directory ``path`` into ``model`` (its selector,
-    peft's ``default`` adapter, already loaded) and attach the spec; the selector stays active."""
-    from trajtune.algorithms.dualtune import read_spec
-
+def load_dualtune_adapters(model: Any, path: str) -> Any:
+    """The ``dualtune`` algorithm's load hook: for the saved directory ``path`` of a DualTune run,
+    load its argument adapters into ``model`` (its selector, peft's ``default`` adapter, already
+    loaded) and ``attach`` the spec; the selector stays active. Any other model is returned as it is."""
     spec = read_spec(path)
     if spec is None:
         return model
-    from pathlib import Path
-
-    from trajtune.models.errors import ModelLoadError
-
     for a in sorted(set(spec["arguments"].values()) | ({spec["shared"]} if spec.get("shared") else set())):
         sub = Path(path) / a
         if not (sub / "adapter_config.json").is_file():
             raise ModelLoadError(f"{path}: dualtune.json names adapter {a!r} but {sub} holds no adapter; the "
                                  "directory is incomplete (copy the whole final directory)")
-        model.load_adapter(str(sub), adapter_name=a, is_trainable=trainable)
+        model.load_adapter(str(sub), adapter_name=a, is_trainable=False)
     model.set_adapter(SELECTOR)
-    model.trajtune_dualtune = {"selector": SELECTOR, "arguments": spec["arguments"], "shared": spec.get("shared")}
+    attach(model, spec["arguments"], spec.get("shared"))
     return model

@@ -1,35 +1,23 @@
-"""Online RL pieces: group advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++), DAPO switches, and the
-clipped policy-gradient objective with optional KL to a reference (docs/algorithms.md).
+"""Advantages of online RL: the group estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++), batch
+whitening, DAPO's informative-group test, and turn-level credit from per-turn returns
+(docs/algorithms.md).
 
-Observation and prompt tokens never carry loss: the mask is source == policy, so multi-turn
-trajectories train only on what the policy sampled.
+Observation and prompt tokens never carry an advantage: only tokens whose source is policy get
+one, so multi-turn trajectories train only on what the policy sampled.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch, token_logprobs
+from trajtune.algorithms.episode_transforms import mark_nonfinite_rewards
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
-Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
-TerminationPolicy = Literal["keep", "zero_reward", "mask", "drop"]
-
-DEFAULT_TERMINATION_POLICY: dict[str, TerminationPolicy] = {
-    "done": "keep",
-    "max_turns": "keep",
-    "length": "zero_reward",
-    "context_overflow": "zero_reward",
-    "env_error": "mask",
-    "timeout": "mask",
-}
 
 
 def group_advantages(rewards: list[float], estimator: Estimator = "grpo", eps: float = 1e-6) -> list[float]:
@@ -58,62 +46,6 @@ def whiten(values: list[float], eps: float = 1e-8) -> list[float]:
     if len(values) < 2:
         return [0.0 for _ in values]
     return [float(x) for x in (v - v.mean()) / (v.std(unbiased=True) + eps)]
-
-
-def overlong_penalty(length: int, max_length: int, cache: int) -> float:
-    """DAPO soft overlong punishment: 0 up to L-C, linear to -1 at L, -1 beyond."""
-    if length <= max_length - cache:
-        return 0.0
-    if length <= max_length:
-        return ((max_length - cache) - length) / cache
-    return -1.0
-
-
-def mark_nonfinite_rewards(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], int]:
-    """A non-finite reward (inf or NaN, e.g. from a buggy reward function) says nothing about the
-    policy: the episode becomes ``env_error`` with zero weight and no reward, whatever the
-    termination policy says, so its group's mean and std stay finite."""
-    n = 0
-    for t in tts:
-        if not math.isfinite(float(t.reward or 0.0)):
-            n += 1
-            t.meta["nonfinite_reward"] = float(t.reward)  # type: ignore[arg-type]
-            t.reward = 0.0
-            t.termination = "env_error"
-            t.weight = [0.0] * len(t.weight)
-            t.meta["masked"] = True
-    return tts, n
-
-
-def apply_termination_policy(tts: list[TokenTrajectory],
-                             policy: dict[str, TerminationPolicy] | None = None) -> list[TokenTrajectory]:
-    """Make what happens to truncated / failed episodes explicit (Contract 4). A masked episode gets
-    zero weight and ``meta['masked']``, which keeps it out of its group's baseline (see
-    ``assign_advantages``)."""
-    pol = dict(DEFAULT_TERMINATION_POLICY, **(policy or {}))
-    out = []
-    for t in tts:
-        action = pol.get(t.termination or "done", "keep")
-        if action == "drop":
-            continue
-        if action == "zero_reward":
-            t.reward = 0.0
-        elif action == "mask":
-            t.weight = [0.0] * len(t.weight)
-            t.meta["masked"] = True
-        out.append(t)
-    return out
-
-
-def apply_overlong_penalty(tts: list[TokenTrajectory], max_length: int, cache: int) -> float:
-    """Add DAPO's soft overlong penalty to each reward, |y| = the episode's policy tokens. Returns the
-    mean penalty (a metric)."""
-    total = 0.0
-    for t in tts:
-        p = overlong_penalty(t.n_policy(), max_length, cache)
-        t.reward = float(t.reward or 0.0) + p
-        total += p
-    return total / max(1, len(tts))
 
 
 Whitening = Literal["token", "trajectory"]
@@ -245,90 +177,3 @@ def assign_turn_advantages(tts: list[TokenTrajectory], estimator: Estimator = "g
     return tts, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal),
                  "nonfinite_rewards": float(n_nonfinite),
                  "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
-
-
-@dataclass
-class PolicyGradientObjective:
-    """Clipped surrogate ℓ_t = max(−A ρ, −A clip(ρ, 1−ε_low, 1+ε_high)), log ρ clamped to [−20, 20],
-    plus β·KL(k1|k2|k3) to a reference when ``kl_coef`` > 0, aggregated as configured."""
-
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    aggregation: Aggregation = "token_mean"
-    norm_length: float = 1024.0  # constant for seq_mean_token_sum_norm (Dr. GRPO)
-    temperature: float = 1.0
-    name: str = "policy_gradient"
-
-    def _mask(self, batch: Batch) -> torch.Tensor:
-        return batch.loss_mask()
-
-    def denominator(self, batch: Batch) -> float:
-        m = self._mask(batch)
-        if self.aggregation == "token_mean":
-            return float(m.sum())
-        n_seq = float((m.sum(1) > 0).sum())
-        if self.aggregation == "seq_mean_token_mean":
-            return n_seq
-        return n_seq * self.norm_length
-
-    def per_token_loss(self, logp: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        old = batch.old_logprobs[:, 1:]
-        adv = batch.advantages[:, 1:]
-        log_ratio = (logp - old).clamp(-20.0, 20.0)
-        ratio = torch.exp(log_ratio)
-        unclipped = -adv * ratio
-        clipped = -adv * torch.clamp(ratio, 1.0 - self.clip_low, 1.0 + self.clip_high)
-        loss = torch.maximum(unclipped, clipped)
-        stats = {"ratio": ratio.detach(), "clipped": (clipped > unclipped).float().detach()}
-        if self.kl_coef > 0:
-            if batch.ref_logprobs is None:
-                raise ValueError("kl_coef > 0 needs reference log-probs (rl.kl.reference)")
-            delta = (batch.ref_logprobs[:, 1:] - logp).clamp(-20.0, 20.0)
-            if self.kl_estimator == "k1":
-                kl = -delta
-            elif self.kl_estimator == "k2":
-                kl = 0.5 * delta**2
-            else:
-                kl = torch.exp(delta) - delta - 1.0
-            loss = loss + self.kl_coef * kl
-            stats["kl"] = kl.detach()
-        return loss, stats
-
-    def aggregate(self, loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if self.aggregation == "token_mean":
-            return (loss * mask).sum()
-        per_seq = (loss * mask).sum(1)
-        if self.aggregation == "seq_mean_token_mean":
-            return (per_seq / mask.sum(1).clamp_min(1.0)).sum()
-        return per_seq.sum()
-
-    def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
-        logp, _ = token_logprobs(model, batch, self.temperature)
-        mask = self._mask(batch)
-        loss, st = self.per_token_loss(logp, batch)
-        total = self.aggregate(loss, mask)
-        n = float(mask.sum())
-        metrics: Metrics = {
-            "tokens": n,
-            "clip_frac": (float((st["clipped"] * mask).sum()), n),
-            "ratio": (float((st["ratio"] * mask).sum()), n),
-        }
-        if "kl" in st:
-            metrics["kl"] = (float((st["kl"] * mask).sum()), n)
-        return total, metrics
-
-
-@torch.no_grad()
-def add_ref_logprobs(ref_model: Any, tts: list[TokenTrajectory], pad_id: int, temperature: float = 1.0,
-                     batch_size: int = 16) -> None:
-    """Store reference-model log-probs in ``meta['ref_logprobs']`` (index t = log p(token t))."""
-    from trajtune.algorithms.batch import collate
-
-    for i in range(0, len(tts), batch_size):
-        chunk = tts[i:i + batch_size]
-        b = collate(chunk, pad_id).to(next(ref_model.parameters()).device)
-        logp, _ = token_logprobs(ref_model, b, temperature)
-        for r, t in enumerate(chunk):
-            t.meta["ref_logprobs"] = [0.0] + logp[r, : len(t) - 1].cpu().tolist()
