@@ -39,6 +39,16 @@ def test_all_parsers_registered():
         parse_tool_calls("x", "nope")
 
 
+def test_each_family_parser_lives_in_a_module_of_its_own():
+    """The parsers package holds one module per call-format family; the package namespace still
+    exposes each family's function (the import path the rest of trajtune and its users rely on)."""
+    modules = {name: fn.__module__ for name, fn in P._PARSERS.items()}
+    assert all(m.startswith("trajtune.chat.parsers.") for m in modules.values()), modules
+    assert len(set(modules.values())) == len(modules), modules
+    for name, fn in PARSER_FNS.items():
+        assert P._PARSERS[name] is fn and getattr(P, fn.__name__) is fn
+
+
 @pytest.mark.parametrize("name", list(VALID))
 def test_valid_call_with_nested_quotes_and_unicode(name):
     r = parse_tool_calls(VALID[name], name)
