@@ -10,7 +10,7 @@ RecursionError, and calls whose arguments nest deeper than ``MAX_VALUE_DEPTH`` a
 an error (nothing downstream — stores, checkers, templates — has to cope with them).
 
 One module per family (``hermes``, ``mistral``, ``llama``, ``pythonic``, ``react``, ``deepseek``,
-``xml``, ``glm``, ``nemotron``, ``cohere``, ``lfm2``, ``harmony``); each registers its parser here
+``xml``, ``glm``, ``nemotron``, ``cohere``, ``lfm2``, ``harmony``, ``gemma4``); each registers its parser here
 by importing ``register_parser`` from ``base``. This package's namespace is the public API: the
 registry, ``parse_tool_calls`` (ids, reasoning, depth limits around any parser), ``detect_parser``
 and every family's ``parse_*`` function.
@@ -31,6 +31,7 @@ from trajtune.chat.parsers.base import (
 from trajtune.chat.parsers.cohere import parse_cohere
 from trajtune.chat.parsers.deepseek import parse_deepseek
 from trajtune.chat.parsers.detect import detect_parser
+from trajtune.chat.parsers.gemma4 import parse_gemma4
 from trajtune.chat.parsers.glm import parse_glm45
 from trajtune.chat.parsers.harmony import parse_harmony
 from trajtune.chat.parsers.hermes import parse_hermes
@@ -45,7 +46,7 @@ from trajtune.schema import MAX_VALUE_DEPTH, Message, ToolCall, depth_exceeds, f
 
 __all__ = [
     "ParseResult", "Parser", "assistant_message", "available_parsers", "detect_parser", "parse_cohere",
-    "parse_deepseek", "parse_glm45", "parse_harmony", "parse_hermes", "parse_lfm2", "parse_llama3_json",
+    "parse_deepseek", "parse_gemma4", "parse_glm45", "parse_harmony", "parse_hermes", "parse_lfm2", "parse_llama3_json",
     "parse_mistral", "parse_nemotron", "parse_pythonic", "parse_react", "parse_tool_calls", "parse_xml",
     "register_parser", "split_reasoning", "_PARSERS", "_scalar_or_text",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from trajtune.chat.parsers.gemma4 import CALL_CLOSE as _GEMMA4_CLOSE
+from trajtune.chat.parsers.gemma4 import CALL_OPEN as _GEMMA4_OPEN
 from trajtune.chat.parsers.harmony import _H_CHANNEL
 from trajtune.chat.parsers.lfm2 import _LFM_OPEN
 from trajtune.chat.parsers.nemotron import _TOOLCALL_OPEN
@@ -16,11 +18,14 @@ def detect_parser(chat_template: str | None) -> str | None:
 
     Checks the template source, Jinja comments removed, for each format's markers, most specific
     first: GLM-4.5 and Qwen3.5 templates also write ``<tool_call>``, Cohere's also
-    ``"parameters"``; Llama 3.1 templates ``"parameters"``; Gemma-style ``tool_code``.
+    ``"parameters"``; Llama 3.1 templates ``"parameters"``; Gemma 3-style ``tool_code``; Gemma 4
+    ``<|tool_call>call:``.
     """
     t = strip_jinja_comments(chat_template or "")
     if "<|call|>" in t and _H_CHANNEL in t:
         return "harmony"
+    if _GEMMA4_OPEN in t and _GEMMA4_CLOSE in t:
+        return "gemma4"
     if "<|START_ACTION|>" in t:
         return "cohere"
     if _TOOLCALL_OPEN in t:
