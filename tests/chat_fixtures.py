@@ -38,13 +38,14 @@ qwen35       Qwen3.5: XML <function=…><parameter=…> xml parser; the generati
 glm45        GLM-4.5: no end-of-turn string: the    train the next role token as the turn's end (<|observation|>
              next role token ends a turn;           after calls, <|user|> after answers) and append it to the
              <arg_key>/<arg_value> calls            last turn; glm45 parser; split
-lfm2         LFM2: tool list in <|tool_list_start|> the template drops tool_calls: trajtune writes tools, calls and
-             …; tool_calls never read               results as Hermes text (tool_format auto); the `lfm2` parser
-                                                    reads the model's native <|tool_call_start|>[f(a=1)] form
-gemma4       Gemma 4: <|tool_call>call:f{k:<|"|>v<|"|>}  gemma4 parser; train <|tool_response> (what the model stops on
-             <tool_call|>, bare keys; results and   after a call) on call turns, <turn|> on answers; the answer
-             the answer continue the call's turn;   follows the result with no generation prompt; split
-             thought only on call turns
+lfm2         LFM2: tool list in <|tool_list_start|> the template drops tool_calls: trajtune passes the tools to the
+             …; tool_calls never read               template and writes each call into the content in LFM2's own
+                                                    <|tool_call_start|>[f(a="x")]<|tool_call_end|> form (tool_format
+                                                    auto resolves to lfm2); the `lfm2` parser reads it back
+gemma4       Gemma 4: <|tool_call>call:f{k:v}       gemma4 parser; train <|tool_response> (what the model stops on
+             <tool_call|>, <|"|>strings<|"|>; the   after a call) on call turns, <turn|> on answers; the answer
+             result and the answer continue the     follows the result with no generation prompt; split
+             call's turn; thought on call turns
 nemotron     Llama-3.3-Nemotron: <TOOLCALL>[…];     nemotron parser; reasoning cannot be trained: declare it;
              every turn cut at </think>;            /think, /no_think go in the system prompt
              enable_thinking kwarg ignored
