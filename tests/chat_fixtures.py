@@ -1,9 +1,9 @@
-"""Shared test data for the chat tests: nineteen template families, each with a tiny tokenizer that
+"""Shared test data for the chat tests: twenty template families, each with a tiny tokenizer that
 carries the family's special tokens, one tool conversation, and per-family functions that write
 the text each template should produce for an assistant turn — written from the family's format,
 independently of the renderer, so the tests compare two separate implementations.
 
-``FAMILIES`` holds the first seven (test_chat_render.py, test_doctor.py); ``NEW_FAMILIES`` twelve more
+``FAMILIES`` holds the first seven (test_chat_render.py, test_doctor.py); ``NEW_FAMILIES`` thirteen more
 written from real templates (test_families.py; test_template_fixtures.py checks every Family field
 against its template). Family → quirks → what trajtune must do:
 
@@ -28,6 +28,9 @@ gpt_oss      GPT-OSS harmony: `thinking` field;     reasoning as `thinking` (sou
              an answer; developer message; one      (analysis dropped once an answer follows, <|return|> turns
              call per turn; content+thinking on a   into <|end|>); never send content and reasoning on a call
              call turn raises                       turn
+harmony      harmony-style: as gpt_oss, calls as    as gpt_oss; the harmony parser reads the recipient after the
+             <|channel|>commentary to=functions.f   channel and the <|constrain|> content type
+             <|constrain|>json<|message|>{…}
 command_r7b  Cohere 2: <|END_RESPONSE|> before the  train through <|END_OF_TURN_TOKEN|>, not <|END_RESPONSE|>;
              stop token <|END_OF_TURN_TOKEN|>;      cut the turn at it (the template always appends the next
              add_generation_prompt ignored; call    chatbot header); cohere parser; call-turn content is lost
@@ -169,6 +172,9 @@ NEW_FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("gpt_oss", HARMONY, HARMONY[0], "<|return|>", "<|endoftext|>", "<|return|>", "harmony", False,
            eot_call="<|call|>", reasoning_field="thinking", one_call_per_turn=True,
            renderer="pass reasoning as `thinking`; train <|call|> on call turns, <|return|> on answers; split"),
+    Family("harmony", HARMONY, HARMONY[0], "<|return|>", "<|endoftext|>", "<|return|>", "harmony", False,
+           eot_call="<|call|>", reasoning_field="thinking", one_call_per_turn=True,
+           renderer="as gpt_oss; calls written `<|channel|>commentary to=functions.NAME <|constrain|>json`"),
     Family("command_r7b", COHERE, COHERE[0], COHERE[1], "<PAD>", "<|END_OF_TURN_TOKEN|>", "cohere", True,
            end_of_response="<|END_RESPONSE|>", trailer="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
            reasoning_field="reasoning_content",
@@ -391,6 +397,17 @@ def expect_gpt_oss(m: Message) -> str:
     return out + "<|channel|>final<|message|>" + m.text() + "<|return|>"
 
 
+def expect_harmony(m: Message) -> str:
+    # As gpt_oss, with the call's recipient after its channel and the content type behind <|constrain|>.
+    analysis = m.reasoning_content if m.reasoning_content is not None or not m.tool_calls else m.text()
+    out = "<|channel|>analysis<|message|>" + analysis + "<|end|><|start|>assistant" if analysis else ""
+    if m.tool_calls:
+        c = m.tool_calls[0]
+        return (out + "<|channel|>commentary to=functions." + c.name + " <|constrain|>json<|message|>" + _j(c.arguments)
+                + "<|call|>")
+    return out + "<|channel|>final<|message|>" + m.text() + "<|return|>"
+
+
 def expect_command_r7b(m: Message, ids: dict[str, str]) -> str:
     if m.tool_calls:
         items = ['    {"tool_call_id": "' + ids[c.id] + '", "tool_name": "' + c.name + '", "parameters": '
@@ -502,7 +519,7 @@ def expect_smollm2(m: Message) -> str:
 
 
 EXPECT.update({
-    "gpt_oss": expect_gpt_oss, "command_r7b": expect_command_r7b, "qwen35": expect_qwen35, "glm45": expect_glm45,
+    "gpt_oss": expect_gpt_oss, "harmony": expect_harmony, "command_r7b": expect_command_r7b, "qwen35": expect_qwen35, "glm45": expect_glm45,
     "lfm2": expect_lfm2, "gemma4": expect_gemma4, "nemotron": expect_nemotron, "smolvlm": expect_smolvlm, "gemma2": expect_gemma2,
     "llama2": expect_llama2, "deepseek_r1": expect_deepseek_r1, "smollm2": expect_smollm2,
 })
