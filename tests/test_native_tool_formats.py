@@ -11,7 +11,7 @@ tool list and the result are never trained, the call turn ends with its trained 
 from __future__ import annotations
 
 import pytest
-from chat_fixtures import ALL_FAMILIES, TOOLS, tokenizer_for
+from chat_fixtures import ALL_FAMILIES, TOOLS, policy_texts, rollout_text, tokenizer_for
 
 from trajtune.chat.parsers import parse_tool_calls
 from trajtune.chat.render import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, ChatRenderer, RenderConfig
@@ -97,6 +97,16 @@ def test_a_call_with_every_value_kind_round_trips_through_the_template(name):
     said = _decode(r, answer, lambda src, t: src == SOURCE_POLICY and t == 1)
     assert said.endswith(r.eots[0]) and "Two notes: Zürich and Oslo." in said
     assert RESULT not in said and "search_notes" not in said
+
+
+@pytest.mark.parametrize("name", ["gemma4", "lfm2"])
+def test_rollout_text_path_equals_static_render(name):
+    """What a rollout builds (prompt, each turn as the model wrote it, the observation text after
+    it) is the static rendering: Gemma 4's result and answer continue the call's own turn."""
+    r = renderer(name)
+    traj = rich_trajectory()
+    tt = r.render(traj)
+    assert rollout_text(r, traj, policy_texts(r.tok, [tt])) == r.tok.decode(tt.ids, skip_special_tokens=False)
 
 
 def test_lfm2_lists_the_tools_natively_and_writes_calls_as_the_model_does():

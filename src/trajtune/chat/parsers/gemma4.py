@@ -79,15 +79,29 @@ class _Reader:
         self.pos = m.end()
         return m.group()
 
+    def _items(self, close: str, item: Any) -> None:
+        """Comma-separated ``item()`` calls up to ``close``, with ``pos`` at the opening bracket."""
+        self.pos += 1
+        self._ws()
+        if self.text.startswith(close, self.pos):
+            self.pos += 1
+            return
+        while True:
+            item()
+            self._ws()
+            if self.text.startswith(",", self.pos):
+                self.pos += 1
+            elif self.text.startswith(close, self.pos):
+                self.pos += 1
+                return
+            else:
+                raise self._fail(f"',' or '{close}'")
+
     def mapping(self, depth: int) -> dict[str, Any]:
         """``{key:value,…}`` with ``pos`` at the ``{``."""
-        self.pos += 1
         out: dict[str, Any] = {}
-        self._ws()
-        if self.text.startswith("}", self.pos):
-            self.pos += 1
-            return out
-        while True:
+
+        def pair() -> None:
             self._ws()
             key = self._key()
             if key in out:
@@ -97,32 +111,14 @@ class _Reader:
                 raise self._fail(f"':' after the key {key!r}")
             self.pos += 1
             out[key] = self.value(depth + 1)
-            self._ws()
-            if self.text.startswith(",", self.pos):
-                self.pos += 1
-            elif self.text.startswith("}", self.pos):
-                self.pos += 1
-                return out
-            else:
-                raise self._fail("',' or '}'")
+
+        self._items("}", pair)
+        return out
 
     def _list(self, depth: int) -> list[Any]:
-        self.pos += 1
         out: list[Any] = []
-        self._ws()
-        if self.text.startswith("]", self.pos):
-            self.pos += 1
-            return out
-        while True:
-            out.append(self.value(depth + 1))
-            self._ws()
-            if self.text.startswith(",", self.pos):
-                self.pos += 1
-            elif self.text.startswith("]", self.pos):
-                self.pos += 1
-                return out
-            else:
-                raise self._fail("',' or ']'")
+        self._items("]", lambda: out.append(self.value(depth + 1)))
+        return out
 
     def value(self, depth: int) -> Any:
         if depth > MAX_VALUE_DEPTH:
