@@ -1,9 +1,9 @@
-"""Shared test data for the chat tests: eighteen template families, each with a tiny tokenizer that
+"""Shared test data for the chat tests: twenty template families, each with a tiny tokenizer that
 carries the family's special tokens, one tool conversation, and per-family functions that write
 the text each template should produce for an assistant turn — written from the family's format,
 independently of the renderer, so the tests compare two separate implementations.
 
-``FAMILIES`` holds the first seven (test_chat_render.py, test_doctor.py); ``NEW_FAMILIES`` eleven more
+``FAMILIES`` holds the first seven (test_chat_render.py, test_doctor.py); ``NEW_FAMILIES`` thirteen more
 written from real templates (test_families.py; test_template_fixtures.py checks every Family field
 against its template). Family → quirks → what trajtune must do:
 
@@ -28,6 +28,9 @@ gpt_oss      GPT-OSS harmony: `thinking` field;     reasoning as `thinking` (sou
              an answer; developer message; one      (analysis dropped once an answer follows, <|return|> turns
              call per turn; content+thinking on a   into <|end|>); never send content and reasoning on a call
              call turn raises                       turn
+harmony      harmony-style: as gpt_oss, calls as    as gpt_oss; the harmony parser reads the recipient after the
+             <|channel|>commentary to=functions.f   channel and the <|constrain|> content type
+             <|constrain|>json<|message|>{…}
 command_r7b  Cohere 2: <|END_RESPONSE|> before the  train through <|END_OF_TURN_TOKEN|>, not <|END_RESPONSE|>;
              stop token <|END_OF_TURN_TOKEN|>;      cut the turn at it (the template always appends the next
              add_generation_prompt ignored; call    chatbot header); cohere parser; call-turn content is lost
@@ -38,9 +41,14 @@ qwen35       Qwen3.5: XML <function=…><parameter=…> xml parser; the generati
 glm45        GLM-4.5: no end-of-turn string: the    train the next role token as the turn's end (<|observation|>
              next role token ends a turn;           after calls, <|user|> after answers) and append it to the
              <arg_key>/<arg_value> calls            last turn; glm45 parser; split
-lfm2         LFM2: tool list in <|tool_list_start|> the template drops tool_calls: trajtune writes tools, calls and
-             …; tool_calls never read               results as Hermes text (tool_format auto); the `lfm2` parser
-                                                    reads the model's native <|tool_call_start|>[f(a=1)] form
+lfm2         LFM2: tool list in <|tool_list_start|> the template drops tool_calls: trajtune passes the tools to the
+             …; tool_calls never read               template and writes each call into the content in LFM2's own
+                                                    <|tool_call_start|>[f(a="x")]<|tool_call_end|> form (tool_format
+                                                    auto resolves to lfm2); the `lfm2` parser reads it back
+gemma4       Gemma 4: <|tool_call>call:f{k:v}       gemma4 parser; train <|tool_response> (what the model stops on
+             <tool_call|>, <|"|>strings<|"|>; the   after a call) on call turns, <turn|> on answers; the answer
+             result and the answer continue the     follows the result with no generation prompt; split
+             call's turn; thought on call turns
 nemotron     Llama-3.3-Nemotron: <TOOLCALL>[…];     nemotron parser; reasoning cannot be trained: declare it;
              every turn cut at </think>;            /think, /no_think go in the system prompt
              enable_thinking kwarg ignored
@@ -149,6 +157,8 @@ COHERE = ("<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>", "<PAD>", "<|START_OF_TURN_TOKE
 GLM = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
 LFM = ("<|startoftext|>", "<|im_end|>", "<|pad|>", "<|im_start|>", "<|tool_list_start|>", "<|tool_list_end|>",
        "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")
+GEMMA4 = ("<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
+          "<|tool_response>", "<tool_response|>", '<|"|>', "<|channel>", "<channel|>")
 LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
           "<|finetune_right_pad_id|>")
 IDEFICS = ("<|im_start|>", "<end_of_utterance>", "<|im_end|>", "<|endoftext|>", "<image>",
@@ -162,6 +172,9 @@ NEW_FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("gpt_oss", HARMONY, HARMONY[0], "<|return|>", "<|endoftext|>", "<|return|>", "harmony", False,
            eot_call="<|call|>", reasoning_field="thinking", one_call_per_turn=True,
            renderer="pass reasoning as `thinking`; train <|call|> on call turns, <|return|> on answers; split"),
+    Family("harmony", HARMONY, HARMONY[0], "<|return|>", "<|endoftext|>", "<|return|>", "harmony", False,
+           eot_call="<|call|>", reasoning_field="thinking", one_call_per_turn=True,
+           renderer="as gpt_oss; calls written `<|channel|>commentary to=functions.NAME <|constrain|>json`"),
     Family("command_r7b", COHERE, COHERE[0], COHERE[1], "<PAD>", "<|END_OF_TURN_TOKEN|>", "cohere", True,
            end_of_response="<|END_RESPONSE|>", trailer="<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
            reasoning_field="reasoning_content",
@@ -175,6 +188,9 @@ NEW_FAMILIES: dict[str, Family] = {f.name: f for f in [
            renderer="train the next role token (<|observation|> / <|user|>) as the turn's end; add it on the last"),
     Family("lfm2", LFM, LFM[0], "<|im_end|>", "<|pad|>", "<|im_end|>", "lfm2", True, calls_in_content=True,
            renderer="template drops tool_calls: write <|tool_call_start|>[f(a=1)]<|tool_call_end|> into content"),
+    Family("gemma4", GEMMA4, "<bos>", "<eos>", "<pad>", "<turn|>", "gemma4", False, eot_call="<|tool_response>",
+           content="both", reasoning_field="reasoning_content",
+           renderer="parse with `gemma4`; train <|tool_response> on call turns, <turn|> on answers; split"),
     Family("nemotron", LLAMA3, LLAMA3[0], "<|eot_id|>", "<|finetune_right_pad_id|>", "<|eot_id|>", "nemotron",
            True, renderer="parse with `nemotron`; reasoning cannot be trained (cut at </think>): declare it"),
     Family("smolvlm", IDEFICS, IDEFICS[0], "<end_of_utterance>", "<|im_end|>", "<end_of_utterance>", None, True,
@@ -381,6 +397,17 @@ def expect_gpt_oss(m: Message) -> str:
     return out + "<|channel|>final<|message|>" + m.text() + "<|return|>"
 
 
+def expect_harmony(m: Message) -> str:
+    # As gpt_oss, with the call's recipient after its channel and the content type behind <|constrain|>.
+    analysis = m.reasoning_content if m.reasoning_content is not None or not m.tool_calls else m.text()
+    out = "<|channel|>analysis<|message|>" + analysis + "<|end|><|start|>assistant" if analysis else ""
+    if m.tool_calls:
+        c = m.tool_calls[0]
+        return (out + "<|channel|>commentary to=functions." + c.name + " <|constrain|>json<|message|>" + _j(c.arguments)
+                + "<|call|>")
+    return out + "<|channel|>final<|message|>" + m.text() + "<|return|>"
+
+
 def expect_command_r7b(m: Message, ids: dict[str, str]) -> str:
     if m.tool_calls:
         items = ['    {"tool_call_id": "' + ids[c.id] + '", "tool_name": "' + c.name + '", "parameters": '
@@ -429,6 +456,31 @@ def expect_lfm2(m: Message) -> str:
     return lfm2_content(m) + "<|im_end|>"
 
 
+def _gemma4_value(v: Any) -> str:
+    """A value as Gemma 4's format_argument writes it: <|"|>string<|"|>, sorted bare keys, no spaces."""
+    if isinstance(v, str):
+        return '<|"|>' + v + '<|"|>'
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, dict):
+        return "{" + ",".join(k + ":" + _gemma4_value(v[k]) for k in sorted(v)) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_gemma4_value(x) for x in v) + "]"
+    return str(v)
+
+
+def expect_gemma4(m: Message) -> str:
+    # A call turn: its thought (the turn follows the last user query), the calls, any text, then
+    # the <|tool_response> the model stops on. An answer: its text and <turn|>.
+    if not m.tool_calls:
+        return m.text().strip() + "<turn|>"
+    thought = "<|channel>thought\n" + m.reasoning_content + "\n<channel|>" if m.reasoning_content else ""
+    calls = "".join("<|tool_call>call:" + c.name + _gemma4_value(c.arguments) + "<tool_call|>" for c in m.tool_calls)
+    return thought + calls + m.text().strip() + "<|tool_response>"
+
+
 def expect_nemotron(m: Message) -> str:
     out = m.text()
     if m.tool_calls:
@@ -467,8 +519,8 @@ def expect_smollm2(m: Message) -> str:
 
 
 EXPECT.update({
-    "gpt_oss": expect_gpt_oss, "command_r7b": expect_command_r7b, "qwen35": expect_qwen35, "glm45": expect_glm45,
-    "lfm2": expect_lfm2, "nemotron": expect_nemotron, "smolvlm": expect_smolvlm, "gemma2": expect_gemma2,
+    "gpt_oss": expect_gpt_oss, "harmony": expect_harmony, "command_r7b": expect_command_r7b, "qwen35": expect_qwen35, "glm45": expect_glm45,
+    "lfm2": expect_lfm2, "gemma4": expect_gemma4, "nemotron": expect_nemotron, "smolvlm": expect_smolvlm, "gemma2": expect_gemma2,
     "llama2": expect_llama2, "deepseek_r1": expect_deepseek_r1, "smollm2": expect_smollm2,
 })
 

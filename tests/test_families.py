@@ -4,7 +4,8 @@ cannot be trained.
 
 Expected texts come from ``chat_fixtures.EXPECT`` (written from each family's format, independently
 of the renderer). Families without a native call format get their calls as Hermes text; their
-expectation is the family's own rendering of a turn whose content holds that text.
+expectation is the family's own rendering of a turn whose content holds that text. LFM2, whose
+template never reads ``tool_calls``, gets its calls written into the content in its own syntax.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def expected_turns(name: str, traj, renderer: ChatRenderer) -> list[str]:
     for m in traj.messages:
         if m.role != "assistant":
             continue
-        if renderer.format is not None:  # calls written as Hermes text into the content
+        if not fam.native_tools:  # calls written as Hermes text into the content
             m = Message(role="assistant", content=m.text() + _hermes_calls(m.text(), m.tool_calls or []),
                         reasoning_content=m.reasoning_content)
         want.append(EXPECT[name](m, cohere_ids(traj)) if name == "command_r7b" else EXPECT[name](m))
@@ -49,8 +50,9 @@ def test_policy_tokens_are_exactly_each_assistant_turn(name):
     tok = tokenizer_for(name)
     r = ChatRenderer(tok, RenderConfig(non_prefix="split"))
     uses_native = fam.native_tools and not fam.calls_in_content
-    assert r.tool_format == ("native" if uses_native else "hermes")
-    assert r.parser == (fam.parser if uses_native else "hermes")
+    # a template that reads calls only from the content gets them in its own syntax (LFM2: "lfm2")
+    assert r.tool_format == ("native" if uses_native else fam.parser if fam.calls_in_content else "hermes")
+    assert r.parser == (fam.parser if fam.native_tools else "hermes")
     assert r.eots == [fam.eot] + ([fam.eot_call] if fam.eot_call and uses_native else [])
     traj = conversation()
     samples = r.render_samples(traj)
@@ -75,8 +77,11 @@ def test_doctor_passes_with_split_and_declares_adaptations(name):
         assert "tool results are rendered as user turns" in notes
     if fam.content == "parts":
         assert "list of text parts" in notes
-    if not fam.native_tools or fam.calls_in_content:
+    if not fam.native_tools:
         assert report.tool_format == "hermes" and "does not render" in report.get("tool_format").detail
+    elif fam.calls_in_content:
+        assert report.tool_format == fam.parser
+        assert "only from the assistant content" in report.get("tool_format").detail
 
 
 @pytest.mark.parametrize("name", [n for n in TRAINABLE if NEW_FAMILIES[n].prefix_stable])

@@ -12,7 +12,7 @@ from trajtune.chat.render import SOURCE_POLICY, ChatRenderer, RenderConfig
 PARSER_FNS = {"hermes": P.parse_hermes, "mistral": P.parse_mistral, "llama3_json": P.parse_llama3_json,
               "pythonic": P.parse_pythonic, "react": P.parse_react, "deepseek": P.parse_deepseek,
               "xml": P.parse_xml, "glm45": P.parse_glm45, "nemotron": P.parse_nemotron, "cohere": P.parse_cohere,
-              "lfm2": P.parse_lfm2, "harmony": P.parse_harmony}
+              "lfm2": P.parse_lfm2, "harmony": P.parse_harmony, "gemma4": P.parse_gemma4}
 
 VALID = {
     "hermes": 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"q": "say \\"hi\\" ☂"}}\n</tool_call>',
@@ -30,6 +30,7 @@ VALID = {
     "lfm2": '<|tool_call_start|>[f(q="say \\"hi\\" ☂")]<|tool_call_end|>Sure.',
     "harmony": '<|channel|>commentary<|message|>Sure.<|end|><|start|>assistant to=functions.f<|channel|>commentary '
                'json<|message|>{"q": "say \\"hi\\" ☂"}',
+    "gemma4": 'Sure.<|tool_call>call:f{q:<|"|>say "hi" ☂<|"|>}<tool_call|>',
 }
 
 
@@ -37,6 +38,16 @@ def test_all_parsers_registered():
     assert set(PARSER_FNS) <= set(available_parsers())
     with pytest.raises(KeyError, match="unknown tool-call parser"):
         parse_tool_calls("x", "nope")
+
+
+def test_each_family_parser_lives_in_a_module_of_its_own():
+    """The parsers package holds one module per call-format family; the package namespace still
+    exposes each family's function (the import path the rest of trajtune and its users rely on)."""
+    modules = {name: fn.__module__ for name, fn in P._PARSERS.items()}
+    assert all(m.startswith("trajtune.chat.parsers.") for m in modules.values()), modules
+    assert len(set(modules.values())) == len(modules), modules
+    for name, fn in PARSER_FNS.items():
+        assert P._PARSERS[name] is fn and getattr(P, fn.__name__) is fn
 
 
 @pytest.mark.parametrize("name", list(VALID))
@@ -239,7 +250,7 @@ def test_parsers_round_trip_what_each_template_renders(name):
 
 # -- the parsers for the new template families ---------------------------------------------------
 
-NEW_PARSERS = ["xml", "glm45", "nemotron", "cohere", "lfm2", "harmony"]
+NEW_PARSERS = ["xml", "glm45", "nemotron", "cohere", "lfm2", "harmony", "gemma4"]
 
 
 @pytest.mark.parametrize("name", [n for n, f in NEW_FAMILIES.items() if f.parser])
@@ -248,7 +259,7 @@ def test_new_parsers_round_trip_each_family_turn(name, with_content):
     """parse(EXPECT(turn)) gives back the turn's calls, content and reasoning; EXPECT is the text the
     template itself renders (test_template_fixtures), so this is parse(render(call)) == call."""
     fam = NEW_FAMILIES[name]
-    traj = conversation(content_with_call=with_content and name != "gpt_oss")  # gpt-oss refuses that shape
+    traj = conversation(content_with_call=with_content and name not in ("gpt_oss", "harmony"))  # refused there
     calls = 0
     for m in traj.messages:
         if m.role != "assistant":
@@ -261,7 +272,7 @@ def test_new_parsers_round_trip_each_family_turn(name, with_content):
         calls += len(r.tool_calls)
         dropped = m.tool_calls and name in ("command_r7b", "deepseek_r1")  # their templates drop that content
         assert r.content == ("" if dropped else m.text())
-        if fam.reasoning_field and not (name == "command_r7b" and not m.tool_calls):
+        if fam.reasoning_field and not (name in ("command_r7b", "gemma4") and not m.tool_calls):  # beside calls only
             assert r.reasoning == m.reasoning_content
     assert calls == 2
 
@@ -292,6 +303,7 @@ def test_detect_parser_ignores_jinja_comments():
     ("nemotron", '<TOOLCALL>[{"name": "f", "arguments": {}}]', "unterminated"),
     ("cohere", '<|START_ACTION|>[{"tool_name": "f", "parameters": {}}]', "unterminated"),
     ("lfm2", "<|tool_call_start|>[f(a=1)]", "unterminated"),
+    ("gemma4", '<|tool_call>call:f{a:<|"|>x<|"|>}', "unterminated"),
     ("harmony", "<|channel|>analysis<|message|>hmm<|end|><|start|>assistant to=functions.f<|channel|>commentary",
      "without <|message|>"),
 ])
@@ -417,6 +429,62 @@ def test_harmony_forms_and_errors():
     assert parse_tool_calls("plain <b>text</b>", "harmony").content == "plain <b>text</b>"
 
 
+def test_gemma4_reads_every_value_kind_the_template_writes():
+    """Gemma 4's format_argument: <|"|>strings<|"|> (unescaped: quotes, braces, commas inside),
+    true/false, bare numbers, null (None in older templates), {bare:keys}, [lists]."""
+    q = '<|"|>'
+    text = ("Checking.<|tool_call>call:create_reminder{at:{hour:8,minute:30},"
+            f"note:{q}say \"hi\", {{then}} [go] ☂{q},n:-12,ratio:2.5e-3,tags:[{q}rain{q},{q}déjà vu{q}],"
+            f"urgent:true,quiet:false,gone:null,old:None,rows:[{{a:1}},{{a:[]}}],empty:{{}}}}<tool_call|>"
+            f"<|tool_call>call:get_weather{{city:{q}Zürich{q}}}<tool_call|>")
+    r = parse_tool_calls(text, "gemma4")
+    assert r.errors == [] and r.content == "Checking."
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [
+        ("create_reminder", {"at": {"hour": 8, "minute": 30}, "note": 'say "hi", {then} [go] ☂', "n": -12,
+                             "ratio": 0.0025, "tags": ["rain", "déjà vu"], "urgent": True, "quiet": False,
+                             "gone": None, "old": None, "rows": [{"a": 1}, {"a": []}], "empty": {}}),
+        ("get_weather", {"city": "Zürich"})]
+    assert type(r.tool_calls[0].arguments["n"]) is int and type(r.tool_calls[0].arguments["ratio"]) is float
+    # keys and strings the way models also write them: quoted, JSON strings, spaces after separators
+    r = parse_tool_calls('<|tool_call>call:f{<|"|>k<|"|>: "a \\"b\\"", "n": [1, 2]}<tool_call|>', "gemma4")
+    assert r.errors == [] and r.tool_calls[0].arguments == {"k": 'a "b"', "n": [1, 2]}
+    # a thought block is reasoning, not content; names may hold dots and dashes
+    r = parse_tool_calls("<|channel>thought\nNeed the shell.\n<channel|><|tool_call>call:tools.shell-exec{}"
+                         "<tool_call|>", "gemma4")
+    assert r.errors == [] and r.reasoning == "Need the shell." and r.content == ""
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("tools.shell-exec", {})]
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("call:f{a:}", "expected a value"),
+    ("call:f{a:1,}", "expected a key"),
+    ("call:f{a 1}", "expected ':'"),
+    ("call:f{a:1 b:2}", "expected ',' or '}'"),
+    ("call:f{a:[1 2]}", "expected ',' or ']'"),
+    ('call:f{a:<|"|>open}', 'unterminated <|"|> string'),
+    ('call:f{a:"open}', "invalid JSON string"),
+    ("call:f{a:1,a:2}", "duplicate key 'a'"),
+    ("call:f{a:truex}", "expected a value"),
+    ("call:f{a:nan}", "expected a value"),
+    ("call:f{a:__import__('os')}", "expected a value"),
+    ("call:f{a:1}}", "text after the arguments"),
+    ("f{a:1}", "expected call:NAME{…}"),
+    ("call:bad name{a:1}", "expected call:NAME{…}"),
+])
+def test_gemma4_malformed_calls_are_reported_and_not_executed(body, needle):
+    r = parse_tool_calls(f"Hi<|tool_call>{body}<tool_call|><|tool_call>call:ok{{}}<tool_call|>", "gemma4")
+    assert len(r.errors) == 1 and r.errors[0].startswith("tool call 0: ") and needle in r.errors[0], r.errors
+    assert [c.name for c in r.tool_calls] == ["ok"] and r.content == "Hi"  # the next call is still read
+
+
+def test_gemma4_stray_and_unterminated_markers():
+    r = parse_tool_calls("done<tool_call|>", "gemma4")
+    assert r.tool_calls == [] and "stray <tool_call|>" in r.errors[0]
+    r = parse_tool_calls("<|channel>thought\nhmm", "gemma4")
+    assert r.reasoning == "hmm" and "unterminated <|channel>" in r.errors[0]
+    assert parse_tool_calls("call:f{a:1}", "gemma4").tool_calls == []  # only inside the markers
+
+
 def test_parse_tool_calls_keeps_reasoning_the_parser_read():
     text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi."
     assert parse_tool_calls(text, "harmony").reasoning == "Think."
@@ -482,7 +550,8 @@ def test_arguments_nested_too_deep_are_a_format_error_not_a_crash(name):
                 "cohere": f'<|START_ACTION|>[{{"tool_call_id": "0", "tool_name": "f", "parameters": {deep}}}]'
                           "<|END_ACTION|>",
                 "lfm2": "<|tool_call_start|>[f(a=" + "[" * depth + "]" * depth + ")]<|tool_call_end|>",
-                "harmony": f" to=functions.f<|channel|>commentary json<|message|>{deep}"}[name]
+                "harmony": f" to=functions.f<|channel|>commentary json<|message|>{deep}",
+                "gemma4": "<|tool_call>call:f{" + "a:{" * depth + "a:1" + "}" * depth + "}<tool_call|>"}[name]
         PARSER_FNS[name](text)  # the raw parser: no RecursionError escapes
         r = parse_tool_calls(text, name)
         assert r.tool_calls == [] and r.errors, (name, depth)

@@ -58,7 +58,7 @@ class RenderError(errors.RenderError):
     """The template cannot be rendered in a way that keeps the provenance contract."""
 
 
-ToolFormatName = Literal["auto", "native", "hermes", "llama3_json", "pythonic"]
+ToolFormatName = Literal["auto", "native", "hermes", "llama3_json", "pythonic", "lfm2"]
 
 
 @dataclass
@@ -76,10 +76,11 @@ class RenderConfig:
     unchanged. ``reasoning: auto`` is ``field`` if the template renders a reasoning field,
     ``inline`` if it handles ``<think>``, else ``drop``. ``thought: content`` puts the thought
     before the content, separated by a blank line. ``tool_format: auto`` picks ``native`` where
-    the template renders tools and calls and its calls parse back, else the first fallback that
-    renders. ``assistant_prefix`` is added at the token level (the template never sees it); a
-    message that records its own prefix (``extra["assistant_prefix"]``, as rollouts do) keeps that
-    one.
+    the template renders tools and calls and its calls parse back; where it renders the tools but
+    reads calls only from the content (LFM2), the format that writes them in that family's own
+    syntax; else the first fallback that renders. ``assistant_prefix`` is added at the token
+    level (the template never sees it); a message that records its own prefix
+    (``extra["assistant_prefix"]``, as rollouts do) keeps that one.
     """
 
     train_on: Literal["all", "last", "hint", "all_tokens"] = setting(
@@ -99,8 +100,9 @@ class RenderConfig:
         "content", description="a visible thought (e.g. ADP's description): trained before the content, or dropped")
     tool_format: ToolFormatName = setting(
         "auto", description="native: the template's own tool support; hermes / llama3_json / pythonic: tools, calls "
-        "and results written as text in that convention; auto: native where the template renders tools and calls, "
-        "else hermes")
+        "and results written as text in that convention; lfm2: the template lists the tools, calls are written "
+        "into the content as LFM2 does; auto: native where the template renders tools and calls, its own call "
+        "syntax where it reads calls only from the content, else hermes")
     system_role: Literal["auto", "native", "fold"] = setting(
         "auto", description="fold: the system prompt goes into the first user turn (auto: when the template refuses "
         "a system message)")
@@ -260,6 +262,9 @@ class ChatRenderer:
             why = self._native_roundtrip_problem()
             if why is None:
                 return "native", "the template renders tools and tool calls, and its calls parse back"
+        elif p.tools_rendered and (own := self._content_call_format()) is not None:
+            return own.name, ("the template lists the tools but reads tool calls only from the assistant content: "
+                              f"calls are written there as the model writes them ({own.name})")
         else:
             missing = [w for w, ok in (("tools", p.tools_rendered), ("tool calls", p.calls_rendered)) if not ok]
             why = f"the template does not render {' or '.join(missing)}"
@@ -298,6 +303,22 @@ class ChatRenderer:
                 return f"the {parser!r} parser does not read back the template's calls"
             body = stripped[: -len(last)]
 
+    def _content_call_format(self) -> ToolFormat | None:
+        """The format for a template that lists the tools but never reads ``tool_calls``, where its
+        source shows a call syntax one format writes (LFM2's ``<|tool_call_start|>``): that format,
+        if its probe conversation renders and its calls parse back; else None."""
+        from trajtune.chat.parsers import detect_parser, parse_tool_calls
+
+        parser = detect_parser(self.template)
+        call = ToolCall(id=PROBE_CALL_ID, name=PROBE_TOOL_NAME, arguments={"zq_key": PROBE_ARG_VALUE})
+        for fmt in TOOL_FORMATS.values():
+            if not fmt.native_tool_list or fmt.parser != parser:
+                continue
+            back = parse_tool_calls(fmt.call_text([call]), parser).tool_calls
+            if [(c.name, c.arguments) for c in back] == [(call.name, call.arguments)] and self._fallback_renders(fmt):
+                return fmt
+        return None
+
     def _fallback_renders(self, fmt: ToolFormat) -> bool:
         tools = [ToolSpec(name=PROBE_TOOL_NAME, description=PROBE_TOOL_DESC)]
         call = ToolCall(id=PROBE_CALL_ID, name=PROBE_TOOL_NAME, arguments={"zq_key": PROBE_ARG_VALUE})
@@ -325,7 +346,8 @@ class ChatRenderer:
         else:
             assistant = {"role": "assistant", "content": self._wrap("<tool_call>x</tool_call>")}
             tools = None
-        probe_tool_role(self.render_text, self.profile, assistant, tools, text_format=self.format is not None)
+        wrapped = self.format is not None and not self.format.native_tool_list  # (else the template wraps results)
+        probe_tool_role(self.render_text, self.profile, assistant, tools, text_format=wrapped)
 
     def _end_of_turns(self) -> list[str]:
         """The strings that close an assistant turn: an answer's closer first, then a call's if it differs."""
@@ -450,7 +472,7 @@ class ChatRenderer:
         if p.tool_role == "user":
             dicts = [{"role": "user", "content": d["content"]} if d["role"] == "tool" else d for d in dicts]
         template_tools = tools_to_template(tools or [])
-        if fmt is not None and tools:
+        if fmt is not None and tools and not fmt.native_tool_list:
             tool_text = fmt.system_text(tools)
             template_tools = None
             if dicts and dicts[0]["role"] == "system":

@@ -1,4 +1,4 @@
-"""Tool formats for chat templates that cannot render tools themselves.
+"""Tool formats for chat templates that cannot render tools (or tool calls) themselves.
 
 Why: many instruct models (SmolLM2, Gemma 1/2, Phi-3, most base models) ship a template with no
 tool support: passed ``tools=…`` and ``tool_calls``, it silently drops them. To teach such a model
@@ -9,6 +9,12 @@ through this one module, so what the model is trained on is exactly what it sees
 
 Each format is a small object: how the tool list is introduced, how a call is written, how a
 result is wrapped, and which registered parser reads the calls back.
+
+Some templates have a native call format and still cannot render ``tool_calls``: LFM2's lists the
+tools itself (``<|tool_list_start|>…``) and wraps tool results, but reads a call only from the
+assistant content, where the model writes it as text. A format with ``native_tool_list`` writes
+just the calls, in that family's own syntax, and leaves the tool list and the results to the
+template (``tool_format: auto`` picks it where the template's source shows that family).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ class ToolFormat:
 
     name: str
     parser: str
+    #: the template lists the tools and wraps the results itself: only the calls are written as text
+    native_tool_list: bool = False
 
     def system_text(self, tools: list[ToolSpec]) -> str:
         raise NotImplementedError
@@ -94,13 +102,14 @@ class Llama3JsonFormat(ToolFormat):
         return "; ".join(json.dumps({"name": c.name, "parameters": _call_args(c)}, ensure_ascii=False) for c in calls)
 
 
-def _py(value: Any) -> str:
-    """A Python literal that ``ast.literal_eval`` reads back as ``value`` (JSON types only)."""
+def _py(value: Any, string: Any = repr) -> str:
+    """A Python literal that ``ast.literal_eval`` reads back as ``value`` (JSON types only);
+    ``string`` writes the strings."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{_py(k)}: {_py(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_py(k, string)}: {_py(v, string)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(_py(v) for v in value) + "]"
-    return repr(value)
+        return "[" + ", ".join(_py(v, string) for v in value) + "]"
+    return string(value) if isinstance(value, str) else repr(value)
 
 
 class PythonicFormat(ToolFormat):
@@ -111,19 +120,45 @@ class PythonicFormat(ToolFormat):
                 "[func_name1(param_a=value, param_b=value), func_name2(param=value)]\n\n"
                 "Available functions (JSON schema):\n" + "\n".join(_tools_json(tools)))
 
+    def string(self, s: str) -> str:
+        """How a string argument is written (``'x'``)."""
+        return repr(s)
+
     def call_text(self, calls: list[ToolCall]) -> str:
         parts = []
         for c in calls:
             args = _call_args(c)
-            kw = ", ".join(f"{k}={_py(v)}" for k, v in args.items()) if isinstance(args, dict) else ""
+            kw = ", ".join(f"{k}={_py(v, self.string)}" for k, v in args.items()) if isinstance(args, dict) else ""
             parts.append(f"{c.name}({kw})")
         return "[" + ", ".join(parts) + "]"
+
+
+class Lfm2Format(PythonicFormat):
+    """LFM2 (Liquid): the template lists the tools between ``<|tool_list_start|>`` and
+    ``<|tool_list_end|>`` and wraps results in ``<|tool_response_start|>…``, but never reads
+    ``tool_calls``. The model writes its calls first, as a pythonic list with double-quoted strings
+    between ``<|tool_call_start|>`` and ``<|tool_call_end|>``, then any text:
+    ``<|tool_call_start|>[get_weather(city="Zürich")]<|tool_call_end|>Checking.``"""
+
+    def system_text(self, tools: list[ToolSpec]) -> str:
+        return ""  # (the template writes the tool list)
+
+    def string(self, s: str) -> str:
+        """``"x"`` as JSON writes it: a Python literal too (every JSON escape means the same there)."""
+        return json.dumps(s, ensure_ascii=False)
+
+    def call_text(self, calls: list[ToolCall]) -> str:
+        return "<|tool_call_start|>" + super().call_text(calls) + "<|tool_call_end|>"
+
+    def assistant_text(self, content: str, calls: list[ToolCall]) -> str:
+        return self.call_text(calls) + content if calls else content
 
 
 TOOL_FORMATS: dict[str, ToolFormat] = {
     "hermes": HermesFormat("hermes", "hermes"),
     "llama3_json": Llama3JsonFormat("llama3_json", "llama3_json"),
     "pythonic": PythonicFormat("pythonic", "pythonic"),
+    "lfm2": Lfm2Format("lfm2", "lfm2", native_tool_list=True),
 }
 
 #: What ``tool_format: auto`` tries, in order, when the template cannot render tools natively.
