@@ -22,7 +22,7 @@ from trajtune.algorithms.registry import Recipe, RunContext, get_algorithm
 from trajtune.algorithms.sft import iter_data  # noqa: F401  (re-exported: trajtune.train.iter_data)
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import DataSpec, RunBase, dump_config
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.eval.run import evaluate
 from trajtune.errors import ConfigError, Interrupted, RankFailed, RunDirError, UsageError
 from trajtune.learner import (

@@ -421,7 +421,7 @@ def _records(mined: list[MinedPair]) -> list[dict[str, Any]]:
 
 
 def _prepare(cfg: DPORunConfig, ctx: RunContext) -> list[list[TokenTrajectory]] | None:
-    from trajtune.envs.base import make_env
+    from trajtune.envs.registry import make_env
     from trajtune.errors import require_input
 
     if cfg.dpo.pairs is None:
@@ -443,7 +443,7 @@ def _prepare(cfg: DPORunConfig, ctx: RunContext) -> list[list[TokenTrajectory]] 
 
 def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajectory]] | None) -> Recipe:
     from trajtune.algorithms.grpo import add_ref_logprobs
-    from trajtune.envs.base import make_env
+    from trajtune.envs.registry import make_env
     from trajtune.experience import IterativeSource
     from trajtune.rollout import run_rollouts
 

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.config import DataSpec, EnvRunBase, _C
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, DataError, require_input
 from trajtune.progress import console
 from trajtune.schema import Trajectory

@@ -24,7 +24,7 @@ from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec
 from trajtune.algorithms.value import ValueSpec
 from trajtune.config import EnvRunBase, TrainSpec, _C
 from trajtune.errors import ConfigError
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 
 
 class DynamicSampling(BaseModel):

@@ -37,7 +37,7 @@ from pydantic import Field, model_validator
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.config import EnvRunBase, _C
 from trajtune.envs.adapters.experiences import EXPERIENCES_FILE, WithExperiences
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError
 from trajtune.schema import Message, atomic_write_text
 

@@ -131,7 +131,7 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
 
             model = to_device(load_model(settings.model, trainable=False), settings.device)
             if settings.bayes_lora:
-                from trajtune.safety.bayes_lora import BayesLoRAScorer, lora_dropout_rate
+                from trajtune.eval.bayes_lora import BayesLoRAScorer, lora_dropout_rate
 
                 scorers.append(BayesLoRAScorer(model, renderer, settings.bayes_lora, seed=settings.seed))
                 if lora_dropout_rate(model) == 0:

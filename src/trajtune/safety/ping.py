@@ -328,7 +328,7 @@ def _refused(info: dict[str, Any], final: str | None) -> bool:
     if "refused" in info:
         return bool(info["refused"])
     try:
-        from trajtune.safety.refusal import is_refusal
+        from trajtune.envs.refusal import is_refusal
     except ImportError:  # the detector ships with the safety environment; without it nothing was refused
         return False
     return bool(final) and bool(is_refusal(final or ""))
@@ -486,7 +486,7 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
     (atomically, after every round, so an interrupted search keeps what it found)."""
     from trajtune.chat.render import ChatRenderer
     from trajtune.config import load_render
-    from trajtune.envs.base import make_env
+    from trajtune.envs.registry import make_env
     from trajtune.eval.run import model_context_length, resolve_max_length
     from trajtune.models.loading import load_model, load_tokenizer, to_device
     from trajtune.rollout import RolloutConfig
