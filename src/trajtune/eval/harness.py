@@ -39,6 +39,7 @@ from trajtune.eval.metrics import eval_meta, safety_summary, summarize
 from trajtune.eval.refusal_judge import DeferredRefusalJudge
 from trajtune.eval.suites import Suite, env_suite, eval_suite_names, get_eval_suite
 from trajtune.eval.verifiers import best_of_report, get_verifier
+from trajtune.judge import load_rubric
 from trajtune.schema import Trajectory
 
 SUITES = ("safety",)
@@ -148,8 +149,6 @@ class EvalSettings:
         if self.judge_max_tokens < 1:
             raise UsageError("--judge-max-tokens must be at least 1")
         if self.judge_rubric is not None:
-            from trajtune.judge import load_rubric
-
             load_rubric(self.judge_rubric)  # a missing or empty file fails before anything runs
 
     def render_config(self) -> Any:
