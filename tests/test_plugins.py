@@ -137,6 +137,27 @@ def test_an_entry_point_environment_is_an_eval_target_too(third_party):
     assert results["metrics"]["episodes"] == 2 and results["metrics"]["success"] == 1.0
 
 
+def test_the_eval_suite_plug_in_of_docs_envs_md_runs_as_written(tmp_path, monkeypatch):
+    """The example in docs/envs.md ("Plug-ins"), as a package declared by its entry point."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "envs.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n# echo_bench/suite.py\n(.*?)```", doc, re.S).group(1)
+    (tmp_path / "echo_bench_suite.py").write_text(code, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    declared = [EntryPoint("echo_bench", "echo_bench_suite:EchoBench", plugins.EVAL_SUITES)]
+    monkeypatch.setattr(plugins.metadata, "entry_points",
+                        lambda group: declared if group == plugins.EVAL_SUITES else [])
+    from trajtune.eval import suites
+
+    try:
+        s = EvalSettings(model="echo", benchmark="echo_bench", limit=2, parser="hermes")
+        results = run_evaluation(s, TextBackend(lambda messages, tools: messages[-1].text().split(": ")[1]))
+        assert results["metrics"]["episodes"] == 2 and results["metrics"]["success"] == 1.0
+        assert results["echo_bench"] == {"wrong": []}
+    finally:
+        suites._SUITES.pop("echo_bench", None)
+        sys.modules.pop("echo_bench_suite", None)
+
+
 def test_one_registry_call_makes_an_eval_suite_usable_by_name():
     class Empty(EvalSuite):
         name = "empty_bench"
