@@ -49,9 +49,15 @@ def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
 
 def _plugin(name: str) -> EnvFactory | None:
     """The plug-in environment ``name`` (imported and registered now), or None if no plug-in has it."""
-    if name not in plugins.references(plugins.ENVS):
+    refs = plugins.references(plugins.ENVS)
+    if name not in refs:
         return None
-    return register_env(name)(plugins.load(plugins.ENVS, name))
+    try:
+        factory = plugins.load(plugins.ENVS, name)
+    except (ImportError, AttributeError) as e:  # e.g. the plug-in's optional dependency is missing
+        raise EnvError(f"environment {name!r} is a plug-in ({refs[name]}) that cannot be loaded: "
+                       f"{type(e).__name__}: {e}") from None
+    return register_env(name)(factory)
 
 
 def make_env(name: str, /, **kwargs: Any) -> Environment:
@@ -77,7 +83,7 @@ def list_envs() -> dict[str, EnvFactory]:
         if name not in _REGISTRY:
             try:
                 _plugin(name)
-            except ImportError:  # an optional extra that is not installed
+            except EnvError:  # an optional extra that is not installed
                 pass
     return dict(sorted(_REGISTRY.items()))
 

@@ -125,7 +125,11 @@ def get_eval_suite(name: str) -> EvalSuite:
     if name not in _SUITES:
         if name not in plugins.references(plugins.EVAL_SUITES):
             raise UsageError(f"unknown benchmark {name!r}; known: {', '.join(eval_suite_names())}")
-        made = plugins.load(plugins.EVAL_SUITES, name)
+        try:
+            made = plugins.load(plugins.EVAL_SUITES, name)
+        except (ImportError, AttributeError) as e:  # e.g. the plug-in's optional dependency is missing
+            raise UsageError(f"benchmark {name!r} is a plug-in ({plugins.references(plugins.EVAL_SUITES)[name]}) "
+                             f"that cannot be loaded: {type(e).__name__}: {e}") from None
         suite = made() if isinstance(made, type) else made
         if not isinstance(suite, EvalSuite) or suite.name != name:
             raise UsageError(f"the eval-suite plug-in {name!r} ({plugins.references(plugins.EVAL_SUITES)[name]}) "

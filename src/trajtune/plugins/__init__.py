@@ -58,8 +58,8 @@ def references(group: str) -> dict[str, str]:
 def load(group: str, name: str) -> Any:
     """Import the plug-in ``name`` of ``group`` and return the object its reference names.
 
-    ``ImportError`` (an optional dependency missing) propagates: callers that list plug-ins skip
-    those, callers that asked for this one by name report it."""
+    ``ImportError`` (an optional dependency missing) and ``AttributeError`` (a reference to nothing)
+    propagate: the registries turn them into a user error naming the plug-in."""
     ref = references(group)[name]
     module, _, attr = ref.partition(":")
     obj: Any = importlib.import_module(module)
