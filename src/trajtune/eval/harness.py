@@ -1,6 +1,6 @@
 """The evaluation harness behind ``trajtune eval``: environments and benchmarks, resumable.
 
-An evaluation is a list of *suites* (one environment, or one BFCL category each); each suite has
+An evaluation is a list of *suites* (one environment, or e.g. one BFCL category each); each suite has
 tasks, and each task is run ``samples`` times (``--n``, or ``--best-of``). The unit of work is an
 episode keyed by ``(task id, sample index)``; finished episodes are appended to the store as each
 batch ends, so an interrupted run resumes with the episodes it has not finished yet. Metrics are

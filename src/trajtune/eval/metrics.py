@@ -189,7 +189,7 @@ def answer_key(traj: Trajectory) -> str | None:
     otherwise the multiset of all the agent's tool calls (name + canonical JSON arguments, order
     ignored). ``None`` when the episode produced neither (nothing to vote for).
 
-    Where the answer *is* the call set (BFCL single-turn: the harness sets
+    Where the answer *is* the call set (BFCL single-turn: its eval suite sets
     ``metadata["eval"]["vote_on"] = "calls"``), the call multiset is the key, and "no call at
     all" is an answer too (the right one for BFCL's irrelevance items).
     """
