@@ -266,3 +266,16 @@ def test_environments_and_eval_import_nothing_from_safety():
         for path in (SRC / layer).rglob("*.py"):
             bad = [m for m in _imports(path) if m.startswith("trajtune.safety")]
             assert bad == [], f"{path.relative_to(SRC)} imports {bad}"
+
+
+def test_a_plug_in_that_cannot_be_imported_is_a_user_error_naming_it_and_is_left_out_of_the_list(monkeypatch):
+    from trajtune.errors import EnvError
+
+    broken = {plugins.ENVS: [EntryPoint("broken_world", "no_such_module_xyz:World", plugins.ENVS)],
+              plugins.EVAL_SUITES: [EntryPoint("broken_bench", "no_such_module_xyz:Bench", plugins.EVAL_SUITES)]}
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: broken.get(group, []))
+    with pytest.raises(EnvError, match="broken_world.*no_such_module_xyz:World.*cannot be loaded"):
+        make_env("broken_world")
+    assert "broken_world" not in list_envs()
+    with pytest.raises(UsageError, match="broken_bench.*cannot be loaded"):
+        EvalSettings(model="m", benchmark="broken_bench").validate()
