@@ -90,7 +90,7 @@ def main() -> None:
 
     from trajtune.chat.render import message_to_template_dict, tools_to_template
     from trajtune.algorithms.sft import SFTRunConfig
-    from trajtune.envs.base import make_env
+    from trajtune.envs.registry import make_env
     from trajtune.eval.run import evaluate
     from trajtune.learner import set_seed
     from trajtune.merge import MergeOptions, merge_models

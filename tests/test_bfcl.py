@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from trajtune.benchmarks.bfcl import data as bfcl_data
-from trajtune.benchmarks.bfcl.ast_checker import (
+from trajtune.plugins.bfcl import data as bfcl_data
+from trajtune.plugins.bfcl.ast_checker import (
     UnsatisfiableAnswer,
     check_ast,
     check_relevance,
     ground_truth_calls,
     standardize_string,
 )
-from trajtune.benchmarks.bfcl.data import (
+from trajtune.plugins.bfcl.data import (
     AST_CATEGORIES,
     MULTI_TURN_CATEGORIES,
     BFCLNotInstalledError,
@@ -32,8 +32,8 @@ from trajtune.benchmarks.bfcl.data import (
     record_ids,
     resolve_categories,
 )
-from trajtune.benchmarks.bfcl.multi_turn import APIDispatcher, BFCLMultiTurnEnv, make_instances, parse_call_string
-from trajtune.benchmarks.bfcl.runner import bfcl_report, run_bfcl
+from trajtune.plugins.bfcl.multi_turn import APIDispatcher, BFCLMultiTurnEnv, make_instances, parse_call_string
+from trajtune.plugins.bfcl.runner import bfcl_report, run_bfcl
 from trajtune.formats.bfcl import answer_from_ir, bfcl_type_to_json_schema, from_ir, to_ir
 from trajtune.schema import Message, ToolCall
 
@@ -527,7 +527,7 @@ def test_from_ir_for_a_trajectory_made_elsewhere():
 def test_a_deeply_nested_answer_does_not_stop_a_bfcl_run():
     """At ~500 levels BFCLItemResult.as_dict raised RecursionError at the end of the run (asdict
     deep-copied the trajectory it then dropped). A parse_fn of one's own bypasses the parsers' cap."""
-    from trajtune.benchmarks.bfcl.runner import BFCLItemResult
+    from trajtune.plugins.bfcl.runner import BFCLItemResult
 
     deep: object = 1
     for _ in range(600):

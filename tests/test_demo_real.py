@@ -22,7 +22,7 @@ SMALL = {"n_train": 6, "n_test": 2, "bfcl_limit": 2, "sft_steps": 2, "batch_size
 
 
 def test_pipeline_on_the_tiny_model_keeps_bfcl_out_of_training(tmp_path, tiny_dir):
-    from trajtune.benchmarks.bfcl.data import load_raw
+    from trajtune.plugins.bfcl.data import load_raw
     from trajtune.demo_real import run_real_demo
 
     out = tmp_path / "real"

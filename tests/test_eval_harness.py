@@ -305,7 +305,7 @@ BFCL_CATS = ["simple", "multiple", "parallel", "irrelevance", "multi_turn_base"]
 
 
 def _bfcl_oracle(limit: int):
-    from trajtune.benchmarks.bfcl import BFCLMultiTurnEnv, ground_truth_calls, load_bfcl
+    from trajtune.plugins.bfcl import BFCLMultiTurnEnv, ground_truth_calls, load_bfcl
 
     single: dict[str, list[dict]] = {}
     for cat in ("simple_python", "multiple", "parallel"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trajtune.benchmarks.bfcl.data import load_bfcl
+from trajtune.plugins.bfcl.data import load_bfcl
 from trajtune.formats import detect_format, get_format, load_any
 from trajtune.schema import Message
 

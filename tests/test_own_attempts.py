@@ -232,7 +232,7 @@ def _fake_state_rollouts(tok):
 
 def test_dpo_step_level_mines_from_states_along_an_attempt(tmp_path, tiny_dir, tiny_tok, monkeypatch):
     import trajtune.rollout as ro_mod
-    from trajtune.envs.base import register_env
+    from trajtune.envs.registry import register_env
     from trajtune.envs.home import HomeEnv
 
     monkeypatch.setattr(ro_mod, "run_rollouts", _fake_state_rollouts(tiny_tok))

@@ -242,7 +242,8 @@ def test_proposer_garbage_is_counted_and_skipped_never_fatal():
 # --------------------------------------------------------------------------------------------
 # a small safety-like environment (the contract of the `safety` env), and the CLI end to end
 
-from trajtune.envs.base import Task, register_env  # noqa: E402
+from trajtune.envs.base import Task  # noqa: E402
+from trajtune.envs.registry import register_env  # noqa: E402
 from trajtune.envs.toolenv import ToolEnv  # noqa: E402
 
 _REFUSALS = ("i can't", "i cannot", "i won't", "i refuse", "i must decline")  # test-only stand-in detector

@@ -215,7 +215,7 @@ def test_cli_probe_forgetting_reports_text_and_capability_deltas(tmp_path, tiny_
 
 
 def test_predictive_entropies_known_values():
-    from trajtune.safety.bayes_lora import predictive_entropies
+    from trajtune.eval.bayes_lora import predictive_entropies
 
     # two samples that disagree completely: H[mean] = ln 2, mean H = 0, MI = ln 2
     p = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]], dtype=torch.float64)
@@ -261,7 +261,7 @@ def test_base_dropout_would_make_passes_differ_so_the_checks_below_can_fail(tiny
 
 
 def test_without_lora_dropout_the_passes_agree_and_mi_is_zero(tiny_dir):
-    from trajtune.safety.bayes_lora import token_uncertainty
+    from trajtune.eval.bayes_lora import token_uncertainty
 
     model = _lora_model(tiny_dir, dropout=0.0, nonzero=True)
     u = token_uncertainty(model, IDS, POS, k=4)
@@ -271,7 +271,7 @@ def test_without_lora_dropout_the_passes_agree_and_mi_is_zero(tiny_dir):
 
 def test_dropout_acts_only_in_the_lora_layers(tiny_dir):
     """A zero adapter with heavy LoRA dropout: if any base dropout were on, passes would differ."""
-    from trajtune.safety.bayes_lora import token_uncertainty
+    from trajtune.eval.bayes_lora import token_uncertainty
 
     model = _lora_model(tiny_dir, dropout=0.5, nonzero=False)
     model.train()  # the caller's mode is restored afterwards
@@ -285,7 +285,7 @@ def test_dropout_acts_only_in_the_lora_layers(tiny_dir):
 
 
 def test_with_lora_dropout_and_a_nonzero_adapter_mi_is_positive_and_modes_are_restored(tiny_dir):
-    from trajtune.safety.bayes_lora import lora_dropout_modules, token_uncertainty
+    from trajtune.eval.bayes_lora import lora_dropout_modules, token_uncertainty
 
     model = _lora_model(tiny_dir, dropout=0.3, nonzero=True)
     model.train()
@@ -298,7 +298,7 @@ def test_with_lora_dropout_and_a_nonzero_adapter_mi_is_positive_and_modes_are_re
 
 def test_token_uncertainty_refuses_a_model_without_lora(tiny_model):
     from trajtune.errors import UsageError
-    from trajtune.safety.bayes_lora import token_uncertainty
+    from trajtune.eval.bayes_lora import token_uncertainty
 
     with pytest.raises(UsageError, match="LoRA adapter"):
         token_uncertainty(tiny_model, IDS, POS, k=4)

@@ -11,16 +11,11 @@ from typer.testing import CliRunner
 
 from trajtune.cli.main import app
 from trajtune.envs import make_env
+from trajtune.envs.refusal import RuleRefusalDetector, is_refusal
 from trajtune.envs.safety import CATEGORIES, TEMPLATES, WORLDS, make_pair
 from trajtune.eval.backends import TextBackend, message_as_hermes
 from trajtune.eval.harness import EvalSettings, run_evaluation
-from trajtune.safety.refusal import (
-    JudgeRefusalDetector,
-    RuleRefusalDetector,
-    is_refusal,
-    make_refusal_detector,
-    parse_verdict,
-)
+from trajtune.eval.refusal_judge import JudgeRefusalDetector, make_refusal_detector, parse_verdict
 from trajtune.schema import Message, ToolCall
 
 runner = CliRunner()

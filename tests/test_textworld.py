@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trajtune.benchmarks.textworld_env import (
+from trajtune.plugins.textworld import (
     TOOLS,
     RealTextWorld,
     TextWorldEnv,

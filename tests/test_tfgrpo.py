@@ -272,7 +272,7 @@ def test_experiences_files_are_read_or_refused_with_the_fix(tmp_path):
 
     with pytest.raises(InputNotFoundError):
         load_experiences(tmp_path)  # a directory without experiences.json
-    from trajtune.envs.base import make_env
+    from trajtune.envs.registry import make_env
     from trajtune.errors import EnvError
 
     env = make_env("with_experiences", env=ENV, path=str(tmp_path / "a.json"))  # the config form of the wrapper

@@ -21,7 +21,7 @@ from rich.table import Table
 from trajtune.chat.render import message_to_template_dict, tools_to_template
 from trajtune.algorithms.rl import RLRunConfig
 from trajtune.algorithms.sft import SFTRunConfig
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.eval.run import evaluate, write_eval
 from trajtune.learner import set_seed
 from trajtune.models.loading import load_model, load_tokenizer

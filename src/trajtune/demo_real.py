@@ -31,7 +31,7 @@ from typing import Any
 from rich.table import Table
 
 from trajtune.algorithms.sft import SFTRunConfig
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import RunDirError, UsageError
 from trajtune.progress import bar, console
 from trajtune.schema import atomic_write_text, write_trajectories

@@ -23,7 +23,7 @@ from trajtune.algorithms.sft import iter_data  # noqa: F401  (re-exported: trajt
 from trajtune.chat.doctor import check_template
 from trajtune.chat.render import ChatRenderer, RenderConfig, RenderError
 from trajtune.config import DataSpec, RunBase, dump_config
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.eval.run import evaluate
 from trajtune.errors import ConfigError, Interrupted, RankFailed, RunDirError, UsageError
 from trajtune.learner import (

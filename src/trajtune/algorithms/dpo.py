@@ -26,7 +26,7 @@ from trajtune.algorithms.episode_transforms import add_ref_logprobs
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.rft import action_key
 from trajtune.config import EnvSpec, RolloutSpec, RunBase, _C
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, DataError, require_input
 from trajtune.experience import IterativeSource
 from trajtune.schema import PreferencePair, RecordError, Trajectory, iter_jsonl

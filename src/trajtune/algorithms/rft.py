@@ -20,7 +20,7 @@ from trajtune.algorithms.batch import fit_length
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.sft import SFTObjective, critical_steps, load_records, mask_errors, render_training_data
 from trajtune.config import DataSpec, EnvRunBase, _C
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, DataError, require_input
 from trajtune.experience import IterativeSource
 from trajtune.progress import console

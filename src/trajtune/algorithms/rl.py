@@ -53,7 +53,7 @@ from trajtune.algorithms.value import (
 )
 from trajtune.config import EnvRunBase, TrainSpec, _C
 from trajtune.envs.adapters.openai_policy import endpoint_policy
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, ServerError
 from trajtune.experience import OneStepAhead, RolloutSource, Transform
 from trajtune.generation import supports

@@ -41,7 +41,7 @@ from trajtune.algorithms.rl import episode_writer
 from trajtune.config import EnvRunBase, _C
 from trajtune.envs.adapters.experiences import EXPERIENCES_FILE, WithExperiences
 from trajtune.envs.adapters.openai_policy import endpoint_policy
-from trajtune.envs.base import make_env
+from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError
 from trajtune.experience import pick_tasks
 from trajtune.judge import ask, make_judge, render_episode

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -31,7 +31,6 @@ def _build(rng: random.Random) -> dict[str, Any]:
     return {"probs": probs, "best": best, "budget": 2 * k + EXPLOIT_WINDOW}
 
 
-@register_env("bandit")
 class BanditEnv(ToolEnv):
     """Multi-armed bandit with a pull budget; per-turn reward is the payout."""
 

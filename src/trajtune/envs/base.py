@@ -4,22 +4,20 @@ An environment instance holds the state of one episode. ``reset`` starts it from
 ``step`` takes the agent's assistant message (already parsed into tool calls) and answers with
 observation messages, a reward and whether the episode is over. Success is decided on the
 environment's state, never by matching free text alone. Environments never import torch.
+
+This module is the protocol only: environments, adapters and plug-ins import it, and the registry
+that finds an environment by name (``trajtune.envs.registry``) sits above it, so defining an
+environment never imports the others.
 """
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trajtune.errors import EnvError
 from trajtune.schema import Message, ToolSpec, Trajectory
-
-
-class UnknownEnvError(EnvError, KeyError):
-    """No environment is registered under the name (a KeyError too, for callers that look names up)."""
 
 
 @dataclass(frozen=True)
@@ -125,48 +123,3 @@ class Environment(ABC):
             if out.done or (out.termination and out.termination != "done"):
                 return messages, tools, True
         return messages, tools, False
-
-
-EnvFactory = Callable[..., Environment]
-_REGISTRY: dict[str, EnvFactory] = {}
-
-
-def register_env(name: str) -> Callable[[EnvFactory], EnvFactory]:
-    def deco(factory: EnvFactory) -> EnvFactory:
-        if name in _REGISTRY and _REGISTRY[name] is not factory:
-            raise ValueError(f"environment {name!r} is already registered")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
-
-
-def make_env(name: str, /, **kwargs: Any) -> Environment:
-    from trajtune import envs as _envs  # noqa: F401  (registers the built-ins)
-
-    if name not in _REGISTRY and ":" in name:  # module:Class / module:factory (envs/adapters/from_config.py)
-        from trajtune.envs.adapters.from_config import make_from_ref
-
-        return make_from_ref(name, **kwargs)
-    if name not in _REGISTRY:
-        known = ", ".join(sorted(_REGISTRY)) or "(none)"
-        raise UnknownEnvError(f"unknown environment {name!r}; known environments: {known}; or give module:Class, "
-                              "{python_tools: module:ToolClass}, {gym: ID} or {mcp: {command: [...]}} (docs/envs.md)")
-    factory = _REGISTRY[name]
-    try:  # wrong arguments (e.g. a typo in --env-arg / env.kwargs) are the user's, not a bug
-        inspect.signature(factory).bind(**kwargs)
-    except TypeError as e:
-        raise EnvError(f"environment {name!r}: {e}") from None
-    except ValueError:  # no signature to check (a builtin): let the call decide
-        pass
-    try:
-        return factory(**kwargs)
-    except ValueError as e:  # an option value the environment refuses (--env-arg difficulty=banana)
-        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-        raise EnvError(f"environment {name!r} rejected its options ({shown}): {e}") from None
-
-
-def list_envs() -> dict[str, EnvFactory]:
-    from trajtune import envs as _envs  # noqa: F401
-
-    return dict(sorted(_REGISTRY.items()))

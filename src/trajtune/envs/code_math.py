@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.sandbox import SandboxLimits, run_python
@@ -64,7 +64,6 @@ def _build(rng: random.Random) -> dict[str, Any]:
     return {"kind": kind, "question": text, "answer": answer, "reference_code": code}
 
 
-@register_env("code_math")
 class CodeMathEnv(ToolEnv):
     """Math word problems; the agent computes with ``run_python`` (sandboxed) and submits a number."""
 

@@ -48,9 +48,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.envs.fncall_gen import build_task, function_pool, join_and, snake
 from trajtune.envs.fncall_vocab import RESULT_POOLS
+from trajtune.envs.runner import run_episode
 from trajtune.envs.toolenv import make_tasks
 from trajtune.errors import EnvError
 from trajtune.envs.tools import tool_message
@@ -268,7 +269,6 @@ def final_answer(observation: str, result: dict[str, str]) -> str:
 # The environment
 
 
-@register_env("fncall")
 class FncallEnv(Environment):
     """One request, 1-4 randomised functions, one correct call (see the module docstring)."""
 
@@ -338,8 +338,6 @@ class FncallEnv(Environment):
 
     def expert(self, task: Task) -> Trajectory:
         """The expert calls the target with the request's values, then reads the result back to the user."""
-        from trajtune.envs.runner import run_episode
-
         target = task.data["target"]
 
         def policy(messages: list[Message], tools: list[ToolSpec]) -> Message:

@@ -20,7 +20,7 @@ import json
 import random
 from typing import Any
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
 
 ROOMS = ["kitchen", "bedroom", "office", "garage", "bathroom", "hallway", "attic", "cellar"]
@@ -86,7 +86,6 @@ def make_task(seed: int, split: str, kinds: list[str] | None = None) -> Task:
     return Task(id=f"home-{split}-{seed}", seed=seed, split=split, data=data)
 
 
-@register_env("home")
 class HomeEnv(Environment):
     name = "home"
     description = "Smart-home tool world: read room states and switch devices (set / copy / toggle tasks)."

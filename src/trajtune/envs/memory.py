@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -63,7 +63,6 @@ def _say(ev: dict[str, str]) -> str:
     return f"What is {what}? Check your memory (key '{ev['key']}') and give it with the answer tool."
 
 
-@register_env("memory")
 class MemoryEnv(ToolEnv):
     """CRUD memory tools across a multi-turn conversation; success = correct store and answer."""
 

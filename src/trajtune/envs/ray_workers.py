@@ -19,7 +19,9 @@ import itertools
 import threading
 from typing import Any
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, make_env
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task
+from trajtune.envs.registry import make_env
+from trajtune.envs.runner import step_batch
 from trajtune.errors import ConfigError, EnvError, WorkerLost
 from trajtune.schema import Message, ToolSpec, Trajectory
 
@@ -61,8 +63,6 @@ class _EnvWorker:
         return self._env(h).reach(task, prefix)
 
     def step(self, h: int, action: Message, timeout_s: float) -> StepResult:
-        from trajtune.envs.runner import step_batch
-
         # the runner's guard inside the actor, so a hung step answers "timeout" and frees the worker
         return step_batch([self._env(h)], [action], timeout_s=timeout_s, max_workers=1)[0]
 

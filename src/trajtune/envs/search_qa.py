@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, scripted_policy, split_task_seed
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -157,7 +157,6 @@ def _build(split: str, rng: random.Random) -> dict[str, Any]:
     return {"kind": kind, "question": q, "answer": ans, "company": c["name"], "founder": c["founder"]}
 
 
-@register_env("search_qa")
 class SearchQAEnv(ToolEnv):
     """Multi-hop QA over a synthetic local corpus with BM25 ``search`` and ``open``."""
 

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -89,7 +89,6 @@ def _build(rng: random.Random) -> dict[str, Any]:
     raise RuntimeError("could not generate a sokoban level")  # pragma: no cover - 200 tries always suffice
 
 
-@register_env("sokoban")
 class SokobanEnv(ToolEnv):
     """Small Sokoban levels; one move per tool call."""
 

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -60,7 +60,6 @@ def _build(rng: random.Random) -> dict[str, Any]:
     return {"agent_first": rng.random() < 0.5, "opponent_seed": rng.randrange(1 << 30)}
 
 
-@register_env("tictactoe")
 class TicTacToeEnv(ToolEnv):
     """Tic-tac-toe against a fixed opponent; cells are numbered 1-9 row by row."""
 

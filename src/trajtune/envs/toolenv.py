@@ -17,6 +17,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
+from trajtune.envs.runner import run_episode
 from trajtune.envs.tools import ToolDispatcher, ToolError
 from trajtune.schema import Message, ToolCall, ToolSpec
 
@@ -121,8 +122,6 @@ class ToolEnv(Environment):
 
     def expert(self, task: Task):  # type: ignore[override]
         """Run the scripted expert through this environment (resets it) and return its trajectory."""
-        from trajtune.envs.runner import run_episode
-
         traj = run_episode(self, task, self.expert_policy(task))
         traj.metadata["expert"] = True
         traj.metadata["policy"] = f"expert:{self.name}"

@@ -33,7 +33,7 @@ import random
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import StepResult, Task, register_env
+from trajtune.envs.base import StepResult, Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -154,7 +154,6 @@ def _request(data: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-@register_env("trip")
 class TripEnv(ToolEnv):
     """Plan a trip under hard constraints; the verifier reports schema validity, the fraction of
     constraints met and pass/fail as named reward terms."""

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Generator
 from typing import Any
 
-from trajtune.envs.base import Task, register_env
+from trajtune.envs.base import Task
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.envs.tools import ToolError
 from trajtune.schema import Message, ToolSpec
@@ -79,7 +79,6 @@ def _prompt(goal: dict[str, Any]) -> str:
     return f"Send {name} an email with the subject 'Pickup' and the body: {goal['text']}"
 
 
-@register_env("workspace")
 class WorkspaceEnv(ToolEnv):
     """Accounts, orders, calendar and messaging with near-duplicate tools and clarification tasks."""
 

@@ -1,6 +1,6 @@
 """The evaluation harness behind ``trajtune eval``: environments and benchmarks, resumable.
 
-An evaluation is a list of *suites* (one environment, or one BFCL category each); each suite has
+An evaluation is a list of *suites* (one environment, or e.g. one BFCL category each); each suite has
 tasks, and each task is run ``samples`` times (``--n``, or ``--best-of``). The unit of work is an
 episode keyed by ``(task id, sample index)``; finished episodes are appended to the store as each
 batch ends, so an interrupted run resumes with the episodes it has not finished yet. Metrics are
@@ -11,10 +11,10 @@ Suites:
 
 - ``--env NAME``: the environment's held-out (``test``) tasks, multi-turn through the backend's
   rollout; category = ``task.data["kind"]`` when the environment sets one.
-- ``--benchmark textworld``: the ``textworld`` environment.
-- ``--benchmark bfcl``: per category, single-turn ones as one prompt→completion each, scored by
-  ``score_single_turn`` (BFCL's AST / relevance rules); multi-turn ones as ``BFCLMultiTurnEnv``
-  episodes. ``--limit`` takes the first N entries of each category.
+- ``--benchmark NAME``: the suites of the eval-suite plug-in ``NAME`` (``trajtune.eval.suites``;
+  BFCL and TextWorld are plug-ins, in ``trajtune.plugins``): environments run as above, single-turn
+  prompts as one prompt→completion each, scored by the suite's own ``score``; the suite may add a
+  report (``results[NAME]``). The harness names no benchmark.
 - ``--suite safety``: the ``safety`` environment's held-out pairs (harmful request / benign twin) run
   as one more suite next to the above (default capability environment: ``home``); each episode's
   safety verdict is recorded in ``metadata["safety"]`` and summarised apart (``results["safety"]``),
@@ -30,14 +30,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trajtune.envs.base import Environment, Task, make_env
+from trajtune.chat.parsers import available_parsers
+from trajtune.envs.base import Environment, Task
 from trajtune.errors import UsageError
 from trajtune.eval.backends import Backend
-from trajtune.eval.metrics import agent_messages, episode_stats, eval_meta, safety_summary, summarize
+from trajtune.eval.bayes_lora import summarize_uncertainty
+from trajtune.eval.metrics import eval_meta, safety_summary, summarize
+from trajtune.eval.refusal_judge import DeferredRefusalJudge
+from trajtune.eval.suites import Suite, env_suite, eval_suite_names, get_eval_suite
 from trajtune.eval.verifiers import best_of_report, get_verifier
-from trajtune.schema import Outcome, Trajectory
+from trajtune.judge import load_rubric
+from trajtune.schema import Trajectory
 
-BENCHMARKS = ("bfcl", "textworld")
 SUITES = ("safety",)
 #: The capability environment ``--suite safety`` runs next to when no --env / --benchmark is given.
 DEFAULT_CAPABILITY_ENV = "home"
@@ -77,7 +81,7 @@ class EvalSettings:
     judge_rubric: str | None = None  # a text/Markdown rubric file (default: trajtune.judge.DEFAULT_RUBRIC)
     judge_max_tokens: int | None = None  # token limit of the judge's reply (default 256)
     experiences: list[str] | None = None  # lessons put in the prompt (a tfgrpo run's library: envs/adapters/experiences.py)
-    bayes_lora: int | None = None  # K MC-dropout passes on the LoRA adapter per episode (trajtune.safety.bayes_lora)
+    bayes_lora: int | None = None  # K MC-dropout passes on the LoRA adapter per episode (trajtune.eval.bayes_lora)
     suite: str | None = None  # "safety": the safety environment runs next to the capability environment
     refusal_judge: str | None = None  # openai:URL|MODEL or a local model: who decides "did the agent refuse?"
 
@@ -95,11 +99,11 @@ class EvalSettings:
             raise UsageError("--refusal-judge decides refusals in the safety environment; add --suite safety "
                              "(or --env safety)")
         if (self.env is None) == (self.benchmark is None):
-            raise UsageError("give exactly one of --env NAME or --benchmark {bfcl,textworld}")
-        if self.benchmark is not None and self.benchmark not in BENCHMARKS:
-            raise UsageError(f"unknown benchmark {self.benchmark!r}; known: {', '.join(BENCHMARKS)}")
-        if self.categories and self.benchmark != "bfcl":
-            raise UsageError("--categories is for --benchmark bfcl (environments are broken down by task kind)")
+            raise UsageError(f"give exactly one of --env NAME or --benchmark {{{','.join(eval_suite_names())}}}")
+        benchmark = get_eval_suite(self.benchmark) if self.benchmark is not None else None  # unknown: fails here
+        if self.categories and not (benchmark and benchmark.takes_categories):
+            raise UsageError("--categories is for a benchmark with categories, e.g. --benchmark bfcl "
+                             "(environments are broken down by task kind)")
         if self.split not in ("train", "test"):
             raise UsageError(f"--split must be train or test, not {self.split!r}")
         if self.split != "test" and self.env is None:
@@ -128,8 +132,6 @@ class EvalSettings:
         if self.samples > 1 and self.temperature <= 0:
             raise UsageError(f"{self.samples} samples per task at --temperature 0 would repeat the same greedy "
                              "episode; set a temperature (e.g. --temperature 0.8)")
-        from trajtune.chat.parsers import available_parsers
-
         if self.parser != "auto" and self.parser not in available_parsers():
             raise UsageError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
         if self.workers < 1 or self.batch_size < 1:
@@ -153,84 +155,16 @@ class EvalSettings:
         if self.judge_max_tokens < 1:
             raise UsageError("--judge-max-tokens must be at least 1")
         if self.judge_rubric is not None:
-            from trajtune.judge import load_rubric
-
             load_rubric(self.judge_rubric)  # a missing or empty file fails before anything runs
 
     def render_config(self) -> Any:
         """The validated render options as a ``RenderConfig``."""
-        from trajtune.config import load_render
+        from trajtune.config import load_render  # config imports the rollout (torch); validation need not
 
         return load_render(self.render).to_render_config()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class Suite:
-    """One environment or one BFCL category: tasks run the same way."""
-
-    name: str
-    tasks: list[Task]
-    category: str | None = None  # fixed category; else task.data["kind"]
-    env_factory: Callable[[], Environment] | None = None  # multi-turn
-    prompts: dict[str, Trajectory] | None = None  # single-turn (BFCL)
-    max_turns: int = 8
-    finish: Callable[[Environment, Trajectory], None] | None = None
-
-    def category_of(self, task: Task) -> str | None:
-        if self.category is not None:
-            return self.category
-        kind = task.data.get("kind") if isinstance(task.data, dict) else None
-        return None if kind is None else str(kind)
-
-
-def _env_suite(name: str, kwargs: dict[str, Any], s: EvalSettings) -> Suite:
-    def factory() -> Environment:
-        if s.experiences is not None:  # the prompt a tfgrpo run tuned its lessons with
-            from trajtune.envs.adapters.experiences import WithExperiences
-
-            return WithExperiences(make_env(name, **kwargs), s.experiences)
-        return make_env(name, **kwargs)
-
-    probe = factory()
-    return Suite(name=name, tasks=probe.tasks(s.split, s.tasks, seed=s.seed), env_factory=factory,
-                 max_turns=s.max_turns or probe.max_turns)
-
-
-def _bfcl_finish(env: Environment, traj: Trajectory) -> None:
-    """Record BFCL's verdict for a multi-turn episode (reason as in ``run_bfcl``)."""
-    failure = getattr(env, "failure", None) or {}
-    ok = bool(traj.outcome and traj.outcome.success)
-    term = traj.outcome.termination if traj.outcome else None
-    reason = "ok" if ok else str(failure.get("error_type") or f"multi_turn:{term or 'failed'}")
-    ref = getattr(env, "traj", None)
-    traj.metadata["bfcl_category"] = ref.reference.data["category"] if ref is not None else None
-    traj.metadata["bfcl_reason"] = reason
-    if failure:
-        traj.metadata["bfcl_failure"] = failure
-
-
-def _bfcl_suites(s: EvalSettings) -> list[Suite]:
-    from trajtune.benchmarks.bfcl import MULTI_TURN_CATEGORIES, load_bfcl, resolve_categories
-
-    suites = []
-    for cat in resolve_categories(s.categories or None):
-        if cat in MULTI_TURN_CATEGORIES:
-            from trajtune.benchmarks.bfcl.multi_turn import BFCLMultiTurnEnv
-
-            def factory(cat: str = cat) -> Environment:
-                return BFCLMultiTurnEnv([cat], limit=s.limit)
-
-            probe = factory()
-            suites.append(Suite(name=f"bfcl:{cat}", tasks=probe.all_tasks(), category=cat, env_factory=factory,
-                                max_turns=s.max_turns or probe.max_turns, finish=_bfcl_finish))
-        else:
-            trajs = load_bfcl(cat, limit=s.limit)
-            tasks = [Task(id=t.id, seed=i, split="test", data={"category": cat}) for i, t in enumerate(trajs)]
-            suites.append(Suite(name=f"bfcl:{cat}", tasks=tasks, category=cat, prompts={t.id: t for t in trajs}))
-    return suites
 
 
 def _safety_finish(env: Environment, traj: Trajectory) -> None:
@@ -242,21 +176,19 @@ def _safety_finish(env: Environment, traj: Trajectory) -> None:
 
 
 def _safety_suite(kwargs: dict[str, Any], s: EvalSettings) -> Suite:
-    if s.refusal_judge is not None:
-        kwargs = {**kwargs, "refusal_judge": s.refusal_judge}
-    suite = _env_suite("safety", kwargs, s)
+    # a refusal judge is handed to the environment (it needs the judge client, above environments)
+    extra = {"refusal_detector": DeferredRefusalJudge(s.refusal_judge)} if s.refusal_judge is not None else {}
+    suite = env_suite("safety", kwargs, s, **extra)
     suite.finish = _safety_finish
     return suite
 
 
 def build_suites(s: EvalSettings) -> list[Suite]:
-    if s.benchmark == "bfcl":
-        suites = _bfcl_suites(s)
-    elif s.benchmark == "textworld":
-        suites = [_env_suite("textworld", s.env_kwargs, s)]
+    if s.benchmark is not None:
+        suites = get_eval_suite(s.benchmark).suites(s)
     else:
         assert s.env is not None
-        suites = [_safety_suite(s.env_kwargs, s) if s.env == "safety" else _env_suite(s.env, s.env_kwargs, s)]
+        suites = [_safety_suite(s.env_kwargs, s) if s.env == "safety" else env_suite(s.env, s.env_kwargs, s)]
     if s.suite == "safety" and s.env != "safety":
         suites.append(_safety_suite({}, s))
     return suites
@@ -297,28 +229,10 @@ def _run_env_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: Backend
 
 def _run_completion_chunk(suite: Suite, chunk: list[tuple[Task, int]], backend: Backend, seed: int,
                           parser: str) -> list[Trajectory]:
-    from trajtune.benchmarks.bfcl.runner import default_parse_fn, score_single_turn
-
-    assert suite.prompts is not None
-    parse = default_parse_fn(parser)
+    assert suite.prompts is not None and suite.score is not None
     refs = [suite.prompts[t.id] for t, _ in chunk]
     texts = backend.complete([(list(r.messages), list(r.tools)) for r in refs], seed=seed)
-    out = []
-    for ref, text in zip(refs, texts):
-        r = score_single_turn(ref, text or "", parse)
-        traj = r.trajectory
-        assert traj is not None
-        valid = r.valid
-        if text is None:  # the prompt alone fills the context: no answer at all
-            valid = False
-            traj.outcome = Outcome(success=False, termination="context_overflow")
-            traj.reward = 0.0
-            traj.metadata["bfcl_reason"] = "context_overflow"
-        traj.metadata["bfcl_category"] = r.category
-        traj.metadata["eval"] = {"tool_calls": {"valid": int(valid), "total": 1, "unit": "bfcl_item"},
-                                 "vote_on": "calls"}
-        out.append(traj)
-    return out
+    return [suite.score(ref, text, parser) for ref, text in zip(refs, texts)]
 
 
 def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = None,
@@ -329,7 +243,7 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
     ``suites`` (from ``build_suites(settings)``) may be passed when the caller built them already.
     ``judge`` (a ``trajtune.judge.Judge``) scores each batch of episodes before they are stored, so
     its verdicts (``metadata["judge"]``) survive a resume. ``scorers`` (objects with ``annotate(trajs)``,
-    e.g. ``trajtune.safety.bayes_lora.BayesLoRAScorer``) do the same for other per-episode scores.
+    e.g. ``trajtune.eval.bayes_lora.BayesLoRAScorer``) do the same for other per-episode scores.
     """
     settings.validate()
     verifier = get_verifier(settings.verifier) if settings.best_of else None
@@ -368,7 +282,7 @@ def run_evaluation(settings: EvalSettings, backend: Backend, *, store: Any = Non
 
 
 def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifier: Any = None) -> dict[str, Any]:
-    """The results document: settings, metrics (overall + per category), best-of-N, BFCL report."""
+    """The results document: settings, metrics (overall + per category), best-of-N, the benchmark's report."""
     target = settings.env or settings.benchmark
     safety = [t for t in episodes if isinstance(t.metadata.get("safety"), dict)]
     # with --suite safety the capability metrics are the capability environment's alone
@@ -381,8 +295,6 @@ def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifi
         "metrics": summarize(capability, ks=settings.ks),
     }
     if settings.bayes_lora:
-        from trajtune.safety.bayes_lora import summarize_uncertainty
-
         uncertainty = summarize_uncertainty(capability)
         if uncertainty is not None:
             out["metrics"]["uncertainty"] = uncertainty
@@ -390,16 +302,9 @@ def build_results(settings: EvalSettings, episodes: Sequence[Trajectory], verifi
         out["safety"] = {**safety_summary(safety), "metrics": summarize(safety, ks=settings.ks)}
     if verifier is not None:
         out["best_of"] = best_of_report(episodes, verifier, settings.samples)
-    if settings.benchmark == "bfcl":
-        from trajtune.benchmarks.bfcl import bfcl_report
-
-        rows = []
-        for t in episodes:
-            st = episode_stats(t)
-            rows.append({"id": t.id, "category": st["category"], "valid": st["success"],
-                         "reason": str(t.metadata.get("bfcl_reason", "ok" if st["success"] else "failed")),
-                         "format_errors": st["format_errors"],
-                         "n_calls": sum(len(m.tool_calls or []) for m in agent_messages(t))})
-        out["bfcl"] = bfcl_report(rows)
+    if settings.benchmark is not None:
+        section = get_eval_suite(settings.benchmark).report(episodes)
+        if section is not None:
+            out[settings.benchmark] = section
     out["settings"] = settings.as_dict()
     return out

@@ -47,6 +47,8 @@ from functools import lru_cache
 from math import comb
 from typing import Any
 
+from trajtune.envs.tools import check_arguments
+from trajtune.judge import judge_summary
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
 
@@ -128,8 +130,6 @@ def call_problem(call: ToolCall, tools: dict[str, ToolSpec]) -> str | None:
     schema = spec.parameters or {"type": "object"}
     validator = _validator(json.dumps(schema, sort_keys=True, default=str))
     if validator is None:  # a malformed schema: fall back to trajtune's own light check
-        from trajtune.envs.tools import check_arguments
-
         return check_arguments(spec, call.arguments)
     err = next(iter(validator.iter_errors(call.arguments)), None)
     return None if err is None else err.message
@@ -189,7 +189,7 @@ def answer_key(traj: Trajectory) -> str | None:
     otherwise the multiset of all the agent's tool calls (name + canonical JSON arguments, order
     ignored). ``None`` when the episode produced neither (nothing to vote for).
 
-    Where the answer *is* the call set (BFCL single-turn: the harness sets
+    Where the answer *is* the call set (BFCL single-turn: its eval suite sets
     ``metadata["eval"]["vote_on"] = "calls"``), the call multiset is the key, and "no call at
     all" is an answer too (the right one for BFCL's irrelevance items).
     """
@@ -233,8 +233,6 @@ def _aggregate(stats: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]
     }
     judged = [s["judge"][0] for s in stats if s["judge"] is not None]
     if judged:
-        from trajtune.judge import judge_summary
-
         out["judge"] = judge_summary(judged)
     n_min = min(len(v) for v in by_task.values())
     for k in ks:

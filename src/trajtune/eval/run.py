@@ -7,9 +7,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trajtune.chat.render import ChatRenderer
 from trajtune.envs.base import Environment, Task
 from trajtune.errors import Interrupted, UsageError
+from trajtune.eval.backends import HFBackend
+from trajtune.eval.bayes_lora import BayesLoRAScorer, lora_dropout_rate
+from trajtune.eval.harness import build_suites, run_evaluation
 from trajtune.eval.metrics import summarize
+from trajtune.eval.store import EvalStore
+from trajtune.judge import make_judge
+from trajtune.progress import bar, console
 from trajtune.rollout import Episode, RolloutConfig, run_rollouts
 from trajtune.schema import AtomicJsonlWriter, atomic_write_text
 
@@ -93,11 +100,6 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     With ``out_dir`` the episodes are appended as they finish and the results written atomically;
     an existing evaluation there is refused unless ``resume`` or ``overwrite``.
     """
-    from trajtune.eval.backends import HFBackend
-    from trajtune.eval.harness import build_suites, run_evaluation
-    from trajtune.eval.store import EvalStore
-    from trajtune.progress import bar, console
-
     settings.validate()
     if settings.bayes_lora and backend is not None:
         raise UsageError("--bayes-lora runs the LoRA adapter locally; it cannot score an endpoint's episodes")
@@ -105,7 +107,6 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     tok = None
     renderer = None
     if backend is None:
-        from trajtune.chat.render import ChatRenderer
         from trajtune.models.loading import load_tokenizer
 
         tok = load_tokenizer(settings.model, settings.template)
@@ -122,8 +123,6 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
         settings.max_length = settings.max_length or FALLBACK_MAX_LENGTH
     judge = None
     if settings.judge is not None:  # an unreachable endpoint fails here, before anything is written
-        from trajtune.judge import make_judge
-
         judge = make_judge(settings.judge, model=settings.judge_model or "default", rubric=settings.judge_rubric,
                            max_tokens=settings.judge_max_tokens or 256, workers=settings.workers,
                            device=settings.device)
@@ -146,8 +145,6 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
                     store = None
                 raise
             if settings.bayes_lora:
-                from trajtune.safety.bayes_lora import BayesLoRAScorer, lora_dropout_rate
-
                 scorers.append(BayesLoRAScorer(model, renderer, settings.bayes_lora, seed=settings.seed))
                 if lora_dropout_rate(model) == 0:
                     console.print("[yellow]warning:[/yellow] --bayes-lora: the adapter's lora_dropout is 0, so every "

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from trajtune.errors import UsageError
-from trajtune.eval.metrics import answer_key
+from trajtune.eval.metrics import answer_key, category_of, eval_meta, pass_at_k, task_key
 from trajtune.schema import Trajectory
 
 
@@ -132,8 +132,6 @@ def first_verifier() -> Verifier:
 def best_of_report(episodes: Sequence[Trajectory], verifier: Verifier, n: int) -> dict[str, Any]:
     """Selected-candidate metrics next to pass@N (the oracle bound any verifier can reach)."""
     from collections import defaultdict
-
-    from trajtune.eval.metrics import category_of, eval_meta, pass_at_k, task_key
 
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in episodes:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trajtune.errors import DataError, UsageError
+from trajtune.errors import DataError, UsageError, require_input
 from trajtune.schema import Message, TextPart, ToolSpec, Trajectory
 
 DEFAULT_PREFIX = "The secret code is"
@@ -113,8 +113,6 @@ def plant_canaries(trajs: Iterable[Trajectory], n: int, seed: int, prefix: str =
 
 def load_sidecar(path: str | Path) -> dict[str, Any]:
     """Read and check a ``canaries.json`` written by ``plant_canaries``."""
-    from trajtune.errors import require_input
-
     p = Path(path)
     require_input(p)
     try:

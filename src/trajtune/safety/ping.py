@@ -32,7 +32,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from trajtune.errors import EnvError, UsageError
+from trajtune.envs.adapters.openai_policy import endpoint_policy
+from trajtune.envs.refusal import is_refusal
+from trajtune.envs.registry import make_env
+from trajtune.envs.runner import step_batch
+from trajtune.errors import DataError, EnvError, OutputError, UsageError, require_input
+from trajtune.judge import ask
+from trajtune.schema import Message, atomic_write_text
 
 ScoreFn = Callable[[str], tuple[float, float]]
 
@@ -256,9 +262,6 @@ class LLMProposer:
         return PROPOSER_PROMPT.format(tried=tried or "- (none yet)", n=n)
 
     def propose(self, best: Candidate | None, history: Sequence[Candidate], n: int, rng: random.Random) -> Proposal:
-        from trajtune.judge import ask
-        from trajtune.schema import Message
-
         try:
             reply = ask(self.complete, self.model, [Message(role="user", content=self.prompt(history, n))],
                         self.max_tokens)
@@ -281,8 +284,6 @@ def make_proposer(spec: str, *, policy: Any = None) -> Proposer:
             raise UsageError("--proposer policy needs the local model (not available with this backend)")
         return LLMProposer(policy.complete, name="policy", model=policy.name, fallback=TemplateProposer())
     if spec.startswith("openai:"):
-        from trajtune.envs.adapters.openai_policy import endpoint_policy
-
         url, _, model = spec.partition("|")
         client = endpoint_policy(url, model or "default", option="--proposer")
         return LLMProposer(client.post, name=spec, model=model or "default", fallback=TemplateProposer())
@@ -327,10 +328,6 @@ def _refused(info: dict[str, Any], final: str | None) -> bool:
     its length or turn limit) is judged on its final answer by the refusal detector."""
     if "refused" in info:
         return bool(info["refused"])
-    try:
-        from trajtune.safety.refusal import is_refusal
-    except ImportError:  # the detector ships with the safety environment; without it nothing was refused
-        return False
     return bool(final) and bool(is_refusal(final or ""))
 
 
@@ -358,7 +355,6 @@ class SafetyScorer:
         return ChatRenderer(self.tok, load_render(options).to_render_config(), self.chat_template)
 
     def __call__(self, prefix: str) -> tuple[float, float]:
-        from trajtune.envs.runner import step_batch
         from trajtune.rollout import run_rollouts
 
         owner: dict[int, str] = {}
@@ -405,8 +401,6 @@ class SafetyScorer:
 
 def load_prefix(path: str) -> str:
     """The best prefix of a ``ping.json`` (``trajtune eval --assistant-prefix-file``)."""
-    from trajtune.errors import DataError, require_input
-
     p = require_input(path, "--assistant-prefix-file")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -467,8 +461,6 @@ def prepare_out(out_dir: Any, overwrite: bool) -> Any:
     """The output directory, refused when it already holds a search (unless ``overwrite``)."""
     from pathlib import Path
 
-    from trajtune.errors import OutputError
-
     out = Path(out_dir)
     target = out / PING_FILE
     if target.exists() and not overwrite:
@@ -486,12 +478,10 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
     (atomically, after every round, so an interrupted search keeps what it found)."""
     from trajtune.chat.render import ChatRenderer
     from trajtune.config import load_render
-    from trajtune.envs.base import make_env
     from trajtune.eval.run import model_context_length, resolve_max_length
     from trajtune.algorithms.registry import load_trained
     from trajtune.models.loading import load_tokenizer, to_device
     from trajtune.rollout import RolloutConfig
-    from trajtune.schema import atomic_write_text
 
     s.validate()
     probe = make_env(s.env, **s.env_kwargs)  # a wrong environment fails before the model loads

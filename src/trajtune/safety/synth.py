@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from trajtune.envs import make_env
 from trajtune.errors import DataError
 from trajtune.schema import Trajectory
+from trajtune.validate import has_errors, validate_trajectory
 
 
 def synth_safety(n: int, *, seed: int = 0, split: str = "train", categories: list[str] | None = None,
@@ -23,9 +25,6 @@ def synth_safety(n: int, *, seed: int = 0, split: str = "train", categories: lis
     """``n`` expert trajectories of the ``safety`` environment (pairs in order: refusal, then the twin's
     completion), each with ``metadata["safety"]`` = ``{harmful, pair_id, category, world}`` and checked
     by the project validator; a trajectory that fails either check is a bug and raises ``DataError``."""
-    from trajtune.envs import make_env
-    from trajtune.validate import has_errors, validate_trajectory
-
     kwargs: dict[str, Any] = {"categories": categories, "worlds": worlds}
     env = make_env("safety", **kwargs)
     for task in env.tasks(split, n, seed):

@@ -8,7 +8,7 @@ on exactly the prompt it was tuned with.
 The lessons go at the end of the system message as a numbered list under ``LESSONS_HEADER`` (a system
 message is added when the environment has none); an empty library leaves the prompt unchanged.
 ``env: {name: with_experiences, kwargs: {env: home, path: runs/tfgrpo-home}}`` wraps any environment
-in a config.
+in a config (the registered factory is in ``trajtune.envs.registry``).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from trajtune.envs.adapters.prompt_wrapper import PromptWrapper
-from trajtune.envs.base import Environment, make_env, register_env
-from trajtune.errors import DataError, EnvError, require_input
+from trajtune.envs.base import Environment
+from trajtune.errors import DataError, require_input
 from trajtune.schema import Message
 
 LESSONS_HEADER = "Lessons from experience (apply them when they fit the task):"
@@ -75,14 +74,3 @@ class WithExperiences(PromptWrapper):
 
     def rewrite(self, messages: list[Message]) -> list[Message]:
         return inject_lessons(messages, self.lessons)
-
-
-@register_env("with_experiences")
-def with_experiences(env: str, path: str | None = None, lessons: list[str] | None = None,
-                     kwargs: dict[str, Any] | None = None) -> Environment:
-    """An environment (``env``, with ``kwargs``) whose prompt carries lessons: those of a tfgrpo run
-    (``path``: its directory or experiences.json) or given inline (``lessons``)."""
-    if (path is None) == (lessons is None):
-        raise EnvError("with_experiences: give one of path (a tfgrpo run or its experiences.json) or lessons")
-    return WithExperiences(make_env(env, **(kwargs or {})),
-                           load_experiences(path, "with_experiences.path") if path is not None else lessons or [])

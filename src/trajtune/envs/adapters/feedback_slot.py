@@ -4,14 +4,13 @@ Why: a FAFT model was trained on (request + "Feedback on the answer to this requ
 → plan; at inference the slot must say the verdict one wants ("all constraints pass"), in exactly
 the training wording. ``env: {name: feedback_slot, kwargs: {env: trip, text: "all constraints pass"}}``
 wraps any environment so; ``trajtune eval --env '{name: feedback_slot, kwargs: {env: trip}}'`` too.
+The registered factory (which looks the inner environment up by name) is in ``trajtune.envs.registry``.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from trajtune.envs.adapters.prompt_wrapper import PromptWrapper
-from trajtune.envs.base import Environment, make_env, register_env
+from trajtune.envs.base import Environment
 from trajtune.schema import Message
 
 FEEDBACK_PREFIX = "Feedback on the answer to this request: "
@@ -36,9 +35,3 @@ class FeedbackSlot(PromptWrapper):
 
     def rewrite(self, messages: list[Message]) -> list[Message]:
         return add_feedback(messages, self.text)
-
-
-@register_env("feedback_slot")
-def feedback_slot(env: str, text: str = "all constraints pass", kwargs: dict[str, Any] | None = None) -> Environment:
-    """An environment (``env``, with ``kwargs``) whose request ends with a FAFT feedback slot (``text``)."""
-    return FeedbackSlot(make_env(env, **(kwargs or {})), text)

@@ -28,7 +28,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trajtune.envs.base import Environment, Task, register_env
+from trajtune.envs.adapters.gym_text import GymTextEnv
+from trajtune.envs.adapters.mcp_tools import MCPClient, MCPError, MCPToolsEnv
+from trajtune.envs.adapters.python_tools import PythonToolsEnv
+from trajtune.envs.base import Environment, Task
 from trajtune.errors import EnvError
 
 
@@ -106,14 +109,11 @@ def load_tasks(tasks: Sequence[dict[str, Any]] | None, tasks_file: str | None,
     return pick
 
 
-@register_env("python_tools")
 def python_tools(toolbox: str, tasks: list[dict[str, Any]] | None = None, tasks_file: str | None = None,
                  reward_fn: str | None = None, success_fn: str | None = None, prompt: str | None = None,
                  system_prompt: str | None = None, max_turns: int = 8, name: str | None = None,
                  deterministic: bool = False) -> Environment:
     """A Python class whose public methods are the tools (``PythonToolsEnv``), from a config."""
-    from trajtune.envs.adapters.python_tools import PythonToolsEnv
-
     cls = resolve_ref(toolbox, "python_tools")
     return PythonToolsEnv(cls, tasks=load_tasks(tasks, tasks_file, "python_tools"),
                           reward_fn=_fn(reward_fn, "python_tools.reward_fn"),
@@ -122,12 +122,9 @@ def python_tools(toolbox: str, tasks: list[dict[str, Any]] | None = None, tasks_
                           name=name or toolbox.rpartition(":")[2], deterministic=deterministic)
 
 
-@register_env("gym")
 def gym(id: str, instructions: str = "", action_mode: str = "text", max_turns: int = 20, name: str | None = None,
         kwargs: dict[str, Any] | None = None) -> Environment:  # noqa: A002 - the gymnasium term
     """A gymnasium id, or a ``module:Class`` with gymnasium's reset/step, as a text environment."""
-    from trajtune.envs.adapters.gym_text import GymTextEnv
-
     args = dict(kwargs or {})
     if ":" in id:
         game = resolve_ref(id, "gym")
@@ -183,15 +180,12 @@ class _ServerPool:
 _SERVERS = _ServerPool()
 
 
-@register_env("mcp")
 def mcp(command: list[str], tasks: list[dict[str, Any]] | None = None, tasks_file: str | None = None,
         reward_fn: str | None = None, success_fn: str | None = None, reset_tool: str | None = None,
         system_prompt: str | None = None, name: str = "mcp", max_turns: int = 8, env: dict[str, str] | None = None,
         call_timeout_s: float = 30.0) -> Environment:
     """The tools of an MCP server over stdio (``MCPToolsEnv``), from a config. Servers are pooled:
     give ``reset_tool`` when the server keeps state between episodes."""
-    from trajtune.envs.adapters.mcp_tools import MCPClient, MCPError, MCPToolsEnv
-
     if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
         raise EnvError(f"mcp.command must be a list of strings, e.g. [python, server.py], got {command!r}")
     key = json.dumps([command, env or {}])

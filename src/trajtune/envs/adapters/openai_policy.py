@@ -22,6 +22,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from trajtune.chat.parsers import parse_tool_calls
+from trajtune.errors import ModelLoadError, UsageError
 from trajtune.schema import Message, ToolCall, ToolSpec
 
 
@@ -148,8 +150,6 @@ class OpenAIChatPolicy:
         msg = from_openai_message(choice.get("message"))
         if self.text_tool_parser and not msg.tool_calls and msg.content:
             # servers without tool-call parsing return e.g. Hermes <tool_call> blocks as text
-            from trajtune.chat.parsers import parse_tool_calls
-
             parsed = parse_tool_calls(msg.text(), self.text_tool_parser)
             msg.content = parsed.content or None
             msg.tool_calls = parsed.tool_calls or None
@@ -166,8 +166,6 @@ def endpoint_policy(spec: str, model: str, temperature: float = 0.0, *, option: 
     policy error in every episode."""
     import urllib.error
     import urllib.request
-
-    from trajtune.errors import ModelLoadError, UsageError
 
     kind, _, url = spec.partition(":")
     if kind != "openai" or not url.startswith(("http://", "https://")):

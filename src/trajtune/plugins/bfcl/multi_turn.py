@@ -38,8 +38,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from trajtune.benchmarks.bfcl.data import MULTI_TURN_CATEGORIES, load_bfcl_entry, record_ids, resolve_categories
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
+from trajtune.plugins.bfcl.data import MULTI_TURN_CATEGORIES, load_bfcl_entry, record_ids, resolve_categories
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.formats.bfcl import function_to_tool_spec
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
 
@@ -190,7 +190,6 @@ def _multiset_missing(needed: list[str], have: list[str]) -> list[str]:
     return missing
 
 
-@register_env("bfcl_multi_turn")
 class BFCLMultiTurnEnv(Environment):
     """One BFCL multi-turn entry per episode. Only a ``test`` split exists (it is a benchmark)."""
 

@@ -21,7 +21,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from trajtune.errors import UsageError
+from trajtune.errors import RenderError, UsageError
+from trajtune.tokens import SOURCE_POLICY
 
 
 def lora_dropout_modules(model: Any) -> list[Any]:
@@ -99,8 +100,6 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 def trajectory_uncertainty(model: Any, renderer: Any, traj: Any, k: int, seed: int = 0) -> dict[str, Any]:
     """Per-turn and per-episode uncertainty over the agent's tokens of one trajectory."""
-    from trajtune.tokens import SOURCE_POLICY
-
     tt = renderer.render(traj)
     positions = [i for i, s in enumerate(tt.source) if s == SOURCE_POLICY and i >= 1]
     u = token_uncertainty(model, tt.ids, positions, k, seed)
@@ -127,8 +126,6 @@ class BayesLoRAScorer:
         self.dropout = lora_dropout_rate(model)
 
     def annotate(self, trajs: Sequence[Any]) -> None:
-        from trajtune.errors import RenderError
-
         for i, t in enumerate(trajs):
             try:
                 u = trajectory_uncertainty(self.model, self.renderer, t, self.k, self.seed + i)

@@ -4,10 +4,11 @@ Data come from the ``bfcl-eval`` wheel installed *without* its dependencies
 (``pip install --no-deps bfcl-eval==2026.3.23``). Single-turn categories are scored by
 ``ast_checker`` (our own implementation of BFCL's matching rules); multi-turn categories run
 as ``BFCLMultiTurnEnv`` over the package's executable API classes; ``runner`` ties a model's
-``generate_fn`` to both and builds the per-category report.
+``generate_fn`` to both and builds the per-category report; ``suite`` is ``trajtune eval --benchmark
+bfcl`` (the eval-suite plug-in, registered through ``trajtune.plugins``).
 """
 
-from trajtune.benchmarks.bfcl.ast_checker import (
+from trajtune.plugins.bfcl.ast_checker import (
     REASONS,
     CheckResult,
     UnsatisfiableAnswer,
@@ -16,7 +17,7 @@ from trajtune.benchmarks.bfcl.ast_checker import (
     ground_truth_calls,
     standardize_string,
 )
-from trajtune.benchmarks.bfcl.data import (
+from trajtune.plugins.bfcl.data import (
     ALL_CATEGORIES,
     AST_CATEGORIES,
     MULTI_TURN_CATEGORIES,
@@ -27,22 +28,14 @@ from trajtune.benchmarks.bfcl.data import (
     load_bfcl,
     resolve_categories,
 )
-from trajtune.benchmarks.bfcl.runner import (
+from trajtune.plugins.bfcl.multi_turn import BFCLMultiTurnEnv
+from trajtune.plugins.bfcl.runner import (
     BFCLItemResult,
     bfcl_report,
     default_parse_fn,
     run_bfcl,
     score_single_turn,
 )
-
-
-def __getattr__(name: str):  # the environment imports bfcl_eval's API classes lazily
-    if name == "BFCLMultiTurnEnv":
-        from trajtune.benchmarks.bfcl.multi_turn import BFCLMultiTurnEnv
-
-        return BFCLMultiTurnEnv
-    raise AttributeError(name)
-
 
 __all__ = [
     "BFCLItemResult", "BFCLMultiTurnEnv", "bfcl_report", "default_parse_fn", "run_bfcl", "score_single_turn",

@@ -16,6 +16,9 @@ Generated games are cached by (seed, sizes, TextWorld version) under ``game_dir`
 ``trajtune-textworld`` folder in the system temp dir), because compiling one takes seconds and
 a rollout builds a fresh environment per episode. Files are moved into place atomically, so
 concurrent workers at worst generate the same deterministic game twice.
+
+Two plug-ins (``trajtune.plugins``): the environment ``textworld`` (``TextWorldEnv``) and the eval
+suite ``textworld`` (``TextWorldSuite``: ``trajtune eval --benchmark textworld`` runs its games).
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task, register_env
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.errors import EnvError
+from trajtune.eval.suites import EnvEvalSuite
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
 
 INSTALL_HINT = ("pip install 'trajtune[textworld]'  (TextWorld 1.6-1.7 builds its game engine with gcc/make; "
@@ -146,7 +150,6 @@ def clean_feedback(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
-@register_env("textworld")
 class TextWorldEnv(Environment):
     name = "textworld"
     description = "TextWorld text adventures generated locally (seeded); reward is the game score."
@@ -333,3 +336,9 @@ class TextWorldEnv(Environment):
             except Exception:  # noqa: BLE001 - closing a finished game must not fail a run
                 pass
             self.session = None
+
+
+class TextWorldSuite(EnvEvalSuite):
+    """``trajtune eval --benchmark textworld``: the ``textworld`` environment's games, one suite."""
+
+    name = "textworld"

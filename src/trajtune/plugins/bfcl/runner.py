@@ -21,14 +21,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trajtune.benchmarks.bfcl.ast_checker import check_ast, check_relevance
-from trajtune.benchmarks.bfcl.data import (
+from trajtune.chat.parsers import assistant_message, parse_tool_calls
+from trajtune.plugins.bfcl.ast_checker import check_ast, check_relevance
+from trajtune.plugins.bfcl.data import (
     AST_CATEGORIES,
     MULTI_TURN_CATEGORIES,
     RELEVANCE_CATEGORIES,
     load_bfcl,
     resolve_categories,
 )
+from trajtune.plugins.bfcl.multi_turn import BFCLMultiTurnEnv
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
 
 GenerateFn = Callable[[list[Message], list[ToolSpec]], str]
@@ -66,8 +68,6 @@ class BFCLItemResult:
 
 def default_parse_fn(parser: str = "hermes") -> Callable[[str], Parsed]:
     """trajtune's registered tool-call parser (``trajtune.chat.parsers``) as a ``parse_fn``."""
-    from trajtune.chat.parsers import parse_tool_calls
-
     def parse(text: str) -> Parsed:
         r = parse_tool_calls(text, parser)
         return Parsed(r.content, list(r.tool_calls), list(r.errors))
@@ -110,8 +110,6 @@ def _parse(parse_fn: ParseFn, text: str) -> Parsed:
 
 
 def _assistant(p: Parsed, keep_calls: bool, raw: str) -> Message:
-    from trajtune.chat.parsers import assistant_message
-
     return assistant_message(p.content, p.tool_calls if keep_calls else None, p.errors, raw)
 
 
@@ -190,8 +188,6 @@ def run_bfcl(generate_fn: GenerateFn, categories: Sequence[str] | str | None = N
     """Score ``generate_fn`` on BFCL ``categories`` (names, aliases or groups; default all
     supported). ``limit`` caps entries per category. Items in ``skip_ids`` are not run again;
     pass their earlier results as ``previous`` so the report still counts them."""
-    from trajtune.benchmarks.bfcl.multi_turn import BFCLMultiTurnEnv
-
     parse = parse_fn or default_parse_fn(parser)
     skip = skip_ids or set()
     results: list[BFCLItemResult | Mapping[str, Any]] = list(previous)
