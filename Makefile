@@ -9,15 +9,12 @@ NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8
 
 DEMO_OUT ?= runs/demo
 
-.PHONY: venv demo demo-again demo-real test test-slow clean
+.PHONY: venv browser demo demo-again demo-real test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	# bubblewrap gives the code sandbox its namespaces; without it (not root) the sandbox says which layers it lacks.
 	command -v bwrap >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 		apt-get install -y -q bubblewrap || (apt-get update -q && apt-get install -y -q bubblewrap)
-	# Chromium and its driver (distribution packages) run the HTML report's browser tests.
-	command -v chromedriver >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
-		apt-get install -y -q chromium chromium-driver || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0 || $(BIN)/pip install -q torch
@@ -27,6 +24,12 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# Chromium and its driver (distribution packages) run the HTML report's browser tests; only the
+# test targets install them (as root with apt-get, when chromedriver is missing).
+browser:
+	command -v chromedriver >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		apt-get install -y -q chromium chromium-driver || (apt-get update -q && apt-get install -y -q chromium chromium-driver)
 
 # A finished demo is shown, not redone; `make demo-again` replaces it. An unfinished one (killed)
 # is refused by `trajtune demo`, whose message names --overwrite / `make demo-again`.
@@ -42,15 +45,15 @@ demo-again: $(STAMP)
 	$(BIN)/trajtune demo --out $(DEMO_OUT) --overwrite
 
 # A real pretrained model (SmolLM2-135M-Instruct, shipped as a GGUF in a package) learns to call
-# tools (LoRA SFT, then GRPO): about 45 minutes on 2 CPU cores. A finished run is refused; pass
-# --overwrite to replace it, or continue a killed one with `trajtune demo --model smollm2-135m --out runs/demo-real --resume`.
+# tools (LoRA SFT, then GRPO): about 46 minutes on 2 CPU cores (measured: docs/results.md). A finished
+# run is refused; pass --overwrite to replace it, or continue a killed one with `trajtune demo --model smollm2-135m --out runs/demo-real --resume`.
 demo-real: $(STAMP)
 	$(BIN)/trajtune demo --model smollm2-135m --out runs/demo-real
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -x -p no:cacheprovider
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
 clean:

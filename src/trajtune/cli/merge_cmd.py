@@ -21,7 +21,7 @@ def _is_number(s: str) -> bool:
 
 
 class MultiValueCommand(TyperCommand):
-    """Lets ``--models A B C`` and ``--weights 1 0.5 2`` take several values, as the README writes
+    """Lets ``--models A B C`` and ``--weights 1 0.5 2`` take several values, as docs/cli.md writes
     them: click options take one value each, so ``--models A B`` is rewritten to ``--models A
     --models B`` before parsing (a value list ends at the next option; a negative number such as
     ``--weights 1 -1`` is a value)."""
