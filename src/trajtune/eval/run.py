@@ -131,13 +131,9 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
 
             model = to_device(load_model(settings.model, trainable=False), settings.device)
             if settings.bayes_lora:
-                from trajtune.safety.bayes_lora import BayesLoRAScorer, lora_dropout_rate
+                from trajtune.safety.bayes_lora import BayesLoRAScorer
 
                 scorers.append(BayesLoRAScorer(model, renderer, settings.bayes_lora, seed=settings.seed))
-                if lora_dropout_rate(model) == 0:
-                    console.print("[yellow]warning:[/yellow] --bayes-lora: the adapter's lora_dropout is 0, so every "
-                                  "pass is the same and the mutual information is 0; train with lora.dropout > 0",
-                                  highlight=False, soft_wrap=True)
             backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
                                 batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
