@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from wire_envs import reply_is_even
 from wire_fixtures import train_talker
@@ -145,3 +146,82 @@ def test_curriculum_promotes_after_enough_solved_episodes_over_several_steps(tal
     eps = _lines(out / "rollouts.jsonl")
     assert [e["id"] for e in eps][::2] == ["reply-train-0", "reply-train-3", "reply-train-3", "reply-train-4"]
     assert rows[3]["curriculum_success"] == 0.0  # level 1 is never solved: no second promotion
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["rft", "dpo"])
+def test_two_processes_mine_once_on_rank_0_and_train_like_one(talker, tmp_path, algo):
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from wire_fixtures import torchrun
+    from trajtune.cli.main import app
+
+    section = ("rft: {iterations: 2, n_tasks: 4, k: 2, per_task_quota: 1}\ntrain: {batch_size: 4, "
+               if algo == "rft" else "dpo: {iterations: 2, n_tasks: 4, k: 4}\ntrain: {batch_size: 2, ")
+    cfg = tmp_path / f"{algo}.yaml"
+    cfg.write_text(f"algorithm: {algo}\nmodel: {talker}\nenv: wire_envs:Reply\nseed: 0\nreport: false\n"
+                   "rollout: {max_turns: 1, max_new_tokens: 16, max_length: 256}\n"
+                   + section + "steps: 4, lr: 1.0e-3, micro_batch_size: 1, schedule: constant}\n")
+    p = torchrun("train", "--config", str(cfg), "--set", f"output_dir={tmp_path / 'two'}", "-q")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count('"step": 4') == 1  # one result, from rank 0
+    r = CliRunner().invoke(app, ["train", "--config", str(cfg), "--set", f"output_dir={tmp_path / 'one'}", "-q"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    for it in ("iter-000.jsonl", "iter-001.jsonl"):  # rank 0 mined what one process mines, once per iteration
+        two_recs, one_recs = (_lines(tmp_path / d / algo / it) for d in ("two", "one"))
+        if algo == "dpo":  # the same pairs of the same sampled tokens; log-probs up to float rounding
+            for a, b in zip(two_recs, one_recs):
+                assert [(r["ids"], r["source"]) for r in a["rows"]] == [(r["ids"], r["source"]) for r in b["rows"]]
+                for ra, rb in zip(a["rows"], b["rows"]):
+                    assert ra["logprobs"] == pytest.approx(rb["logprobs"], abs=1e-4)
+            two_recs = [r["pair"] for r in two_recs]
+            one_recs = [r["pair"] for r in one_recs]
+        assert two_recs == one_recs and len(one_recs) >= 1
+    one = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    two = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
+    start = load_file(str(talker / "model.safetensors"))
+    assert any(not torch.equal(one[k], start[k]) for k in one)
+    for k in one:
+        torch.testing.assert_close(two[k], one[k], atol=2e-5, rtol=1e-4)
+
+
+def _damaged_copy(src: Path, dst: Path, scale: float) -> Path:
+    """``src`` with Gaussian noise of ``scale`` added to every weight (seeded)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(src)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    m.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return dst
+
+
+def test_forgetting_probe_gives_a_damaged_model_a_negative_capability_delta(talker, tmp_path):
+    from typer.testing import CliRunner
+
+    from trajtune.cli.main import app
+
+    damaged = _damaged_copy(talker, tmp_path / "damaged", scale=0.5)
+    out = tmp_path / "f.json"
+    # wire_envs:Finish: success = the agent ended its turn; the talker does (greedy), the noise-damaged copy
+    # no longer writes the end-of-turn token: Δsuccess = model − base = 0 − 1
+    r = CliRunner().invoke(app, ["probe", "forgetting", "--base", str(talker), "--model", str(damaged), "--env",
+                                 "wire_envs:Finish", "--n", "2", "--max-new-tokens", "16", "--device", "cpu",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = json.loads(out.read_text())
+    assert res["capability"]["base_success"] == 1.0 and res["capability"]["model_success"] == 0.0
+    assert res["capability"]["delta_success"] == -1.0
+    assert res["text"]["delta_loss"] > 0  # and the damage shows in the general-text loss
+    swapped = tmp_path / "g.json"  # the other way round: the sign flips
+    r = CliRunner().invoke(app, ["probe", "forgetting", "--base", str(damaged), "--model", str(talker), "--env",
+                                 "wire_envs:Finish", "--n", "2", "--max-new-tokens", "16", "--device", "cpu",
+                                 "--out", str(swapped)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(swapped.read_text())["capability"]["delta_success"] == 1.0

@@ -3,7 +3,8 @@ wire tests (tests/test_wires_*.py). Configs name them as ``wire_envs:Class`` (te
 
 - ``Reply``: one text reply per task. ``rule: parity`` succeeds when the reply has an even number of
   characters (so a sampling policy succeeds on some attempts and fails on others); ``rule: level``
-  gives tasks difficulty ``i % 3`` and succeeds on level 0 only.
+  gives tasks difficulty ``i % 3`` and succeeds on level 0 only; ``rule: finish`` (``Finish``)
+  succeeds whenever the agent ends its turn.
 - ``Ladder``: a counter with tools ``up`` and ``reset_counter``; success means the counter is at least
   2 when the agent answers in text. Its scripted expert climbs to 2, then resets and answers, so
   the expert fails, and the policy succeeds from the state after the expert's second action
@@ -33,8 +34,8 @@ class Reply(Environment):
     max_turns = 1
 
     def __init__(self, rule: str = "parity"):
-        if rule not in ("parity", "level"):
-            raise ValueError(f"rule must be parity or level, got {rule!r}")
+        if rule not in ("parity", "level", "finish"):
+            raise ValueError(f"rule must be parity, level or finish, got {rule!r}")
         self.rule = rule
         self.task: Task | None = None
         self.reply: str | None = None
@@ -57,7 +58,16 @@ class Reply(Environment):
             return False
         if self.rule == "level":
             return self.task.data["difficulty"] == 0
+        if self.rule == "finish":
+            return True  # step() ran: the turn ended with the end-of-turn token
         return reply_is_even(self.reply)
+
+
+class Finish(Reply):
+    """``Reply`` with ``rule: finish`` (for commands that take an environment name without arguments)."""
+
+    def __init__(self) -> None:
+        super().__init__("finish")
 
 
 class Ladder(ToolEnv):

@@ -47,3 +47,17 @@ def train_talker(tiny_dir: Path, work: Path) -> Path:
                                  "schedule: constant}", "report=false"], algorithm="sft")
     run(cfg, quiet=True)
     return work / "talker" / "final"
+
+
+def torchrun(*args: str, timeout: int = 600) -> "subprocess.CompletedProcess[str]":
+    """``trajtune ARGS`` on 2 CPU processes (gloo), with tests/ importable (the wire_envs environments)."""
+    import os
+    import subprocess
+    import sys
+
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "trajtune.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

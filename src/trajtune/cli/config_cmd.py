@@ -37,7 +37,7 @@ class _AlgorithmArgHelp(TyperCommand):
 
 @config_app.command("show", cls=_AlgorithmArgHelp)
 def show(
-    algorithm: str = typer.Argument(..., help="An algorithm name (the registered ones are listed when --help is shown)."),
+    algorithm: str = typer.Argument(..., help="An algorithm name (--help lists them)."),
     yaml_: bool = typer.Option(False, "--yaml", help="Print the commented YAML (what `config init` writes) "
                                                      "instead of the table."),
 ) -> None:
@@ -79,7 +79,7 @@ def show(
 
 @config_app.command("init", cls=_AlgorithmArgHelp)
 def init(
-    algorithm: str = typer.Argument(..., help="An algorithm name (the registered ones are listed when --help is shown)."),
+    algorithm: str = typer.Argument(..., help="An algorithm name (--help lists them)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write (default: ALGORITHM.yaml); an "
                                                                  "existing file is refused unless --overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing file."),
