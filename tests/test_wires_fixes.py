@@ -10,11 +10,9 @@ import json
 import re
 import textwrap
 import tomllib
-import typing
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
 from typer.testing import CliRunner
 
 from trajtune.algorithms.registry import algorithms
@@ -73,18 +71,9 @@ def _snippets(doc: str, heading: str) -> list[str]:
     return [b for b in blocks if b]
 
 
-def _models(cls: type, seen: set) -> None:
-    if cls in seen:
-        return
-    seen.add(cls)
-    for f in cls.model_fields.values():
-        for a in typing.get_args(f.annotation) or (f.annotation,):
-            if isinstance(a, type) and issubclass(a, BaseModel):
-                _models(a, seen)
-
-
 def test_the_adding_an_algorithm_snippet_runs_registers_and_describes_every_field(monkeypatch):
     import trajtune.algorithms.registry as registry
+    from test_config_discover import _models  # the description rule every run config passes
 
     blocks = _snippets((ROOT / "docs" / "algorithms.md").read_text(), "Adding an algorithm")
     config = next(b for b in blocks if "class DPORunConfig" in b)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from model_fixtures import perturbed_copy
 from wire_envs import reply_is_even
 from wire_fixtures import train_talker
 
@@ -187,27 +188,12 @@ def test_two_processes_mine_once_on_rank_0_and_train_like_one(talker, tmp_path, 
         torch.testing.assert_close(two[k], one[k], atol=2e-5, rtol=1e-4)
 
 
-def _damaged_copy(src: Path, dst: Path, scale: float) -> Path:
-    """``src`` with Gaussian noise of ``scale`` added to every weight (seeded)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    m = AutoModelForCausalLM.from_pretrained(src)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    m.save_pretrained(dst)
-    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
-    return dst
-
-
 def test_forgetting_probe_gives_a_damaged_model_a_negative_capability_delta(talker, tmp_path):
     from typer.testing import CliRunner
 
     from trajtune.cli.main import app
 
-    damaged = _damaged_copy(talker, tmp_path / "damaged", scale=0.5)
+    damaged = perturbed_copy(talker, tmp_path / "damaged", scale=0.5)
     out = tmp_path / "f.json"
     # wire_envs:Finish: success = the agent ended its turn; the talker does (greedy), the noise-damaged copy
     # no longer writes the end-of-turn token: Δsuccess = model − base = 0 − 1

@@ -56,7 +56,7 @@ def torchrun(*args: str, timeout: int = 600) -> "subprocess.CompletedProcess[str
     import sys
 
     here = str(Path(__file__).resolve().parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    env = {"TRAJTUNE_DIST_TIMEOUT_S": "120", **os.environ, "OMP_NUM_THREADS": "1",  # a hang fails in minutes
            "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "trajtune.cli", *args]

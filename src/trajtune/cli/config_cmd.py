@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from typer.core import TyperCommand
 
@@ -26,7 +27,7 @@ class _AlgorithmArgHelp(TyperCommand):
     """Fills in the ALGORITHM argument's help from the algorithm registry when --help is shown (not at
     import: loading the registry imports every algorithm module, torch included)."""
 
-    def format_help(self, ctx, formatter):  # type: ignore[no-untyped-def]
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         from trajtune.algorithms.registry import algorithms
 
         for p in self.params:
