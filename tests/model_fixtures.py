@@ -1,4 +1,4 @@
-"""Stand-in models for checking objective arithmetic exactly."""
+"""Stand-in models for checking objective arithmetic exactly, and helpers that change a model on purpose."""
 
 from __future__ import annotations
 
@@ -23,3 +23,18 @@ def randomize_lora_b(model, seed: int, scale: float = 0.1) -> None:
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
+
+
+def perturbed_copy(src, dst, scale: float):
+    """A copy of the HF model directory ``src`` at ``dst`` with Gaussian noise of ``scale`` added to every
+    weight (seeded): a deliberately damaged model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(src)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    m.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return dst

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
+
+from model_fixtures import perturbed_copy
 
 from trajtune.cli.main import app
 from trajtune.errors import DataError
@@ -172,25 +173,12 @@ def test_text_nll_matches_the_models_own_loss(tiny_model, tiny_tok):
     assert nll == pytest.approx(total / count, rel=1e-5)
 
 
-def _perturbed_copy(src: Path, dst: Path, scale: float) -> Path:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    m = AutoModelForCausalLM.from_pretrained(src)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    m.save_pretrained(dst)
-    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
-    return dst
-
-
 def test_forgetting_is_exactly_zero_for_the_same_model_and_positive_for_a_perturbed_one(tmp_path, tiny_dir):
     from trajtune.safety.forgetting import text_forgetting
 
     same = text_forgetting(str(tiny_dir), str(tiny_dir), device="cpu")
     assert same["delta_loss"] == 0.0 and same["base_loss"] > 0 and same["tokens"] > 1000
-    noisy = _perturbed_copy(tiny_dir, tmp_path / "noisy", scale=0.5)
+    noisy = perturbed_copy(tiny_dir, tmp_path / "noisy", scale=0.5)
     hurt = text_forgetting(str(tiny_dir), str(noisy), device="cpu")
     assert hurt["base_loss"] == same["base_loss"]
     assert hurt["delta_loss"] > 0.1

@@ -314,9 +314,13 @@ class IterativeSource:
         from pathlib import Path
 
         path = self._path(it)
-        if not path.exists() and not dist.is_main():  # rank 0 mines and writes; the others read its file
-            dist.barrier()
-        if path.exists():
+        # rank 0 mines and writes; the others read its file. Rank 0's view of the file decides for every
+        # rank: a rank that looked later could find the file already written, skip the barrier rank 0
+        # waits at, and the next collectives would pair up wrongly (a hang)
+        existed = dist.all_gather(path.exists())[0]
+        if existed or not dist.is_main():
+            if not existed:
+                dist.barrier()  # rank 0 is mining: its barrier comes once the files are written
             records = [self.load(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
             meta = Path(str(path) + ".json")
             self._mined_metrics[it] = json.loads(meta.read_text()) if meta.exists() else {}

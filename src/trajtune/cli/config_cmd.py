@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
+from typer.core import TyperCommand
 
 config_app = typer.Typer(help="Discover run configs: every key with its default and meaning, or a starter file.\n\n"
                               "Example: trajtune config show rl", no_args_is_help=True)
@@ -21,9 +23,22 @@ def _config_class(algorithm: str) -> type:
     return known[algorithm].config
 
 
-@config_app.command("show")
+class _AlgorithmArgHelp(TyperCommand):
+    """Fills in the ALGORITHM argument's help from the algorithm registry when --help is shown (not at
+    import: loading the registry imports every algorithm module, torch included)."""
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from trajtune.algorithms.registry import algorithms
+
+        for p in self.params:
+            if p.name == "algorithm":
+                p.help = f"The algorithm: {', '.join(sorted(algorithms()))}."
+        super().format_help(ctx, formatter)
+
+
+@config_app.command("show", cls=_AlgorithmArgHelp)
 def show(
-    algorithm: str = typer.Argument(..., help="sft, rl, rft or dpo."),
+    algorithm: str = typer.Argument(..., help="An algorithm name (--help lists them)."),
     yaml_: bool = typer.Option(False, "--yaml", help="Print the commented YAML (what `config init` writes) "
                                                      "instead of the table."),
 ) -> None:
@@ -63,9 +78,9 @@ def show(
     Console().print(table)
 
 
-@config_app.command("init")
+@config_app.command("init", cls=_AlgorithmArgHelp)
 def init(
-    algorithm: str = typer.Argument(..., help="sft, rl, rft or dpo."),
+    algorithm: str = typer.Argument(..., help="An algorithm name (--help lists them)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="File to write (default: ALGORITHM.yaml); an "
                                                                  "existing file is refused unless --overwrite."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing file."),

@@ -62,7 +62,6 @@ def prepare_command(
     Example: trajtune models prepare smollm2-135m
     Example: trajtune models prepare ./my-model.Q4_K_M.gguf
     """
-    from trajtune.models.errors import ModelLoadError
     from trajtune.models.resolve import resolve_model
 
     converted = []
@@ -71,11 +70,7 @@ def prepare_command(
         converted.append(message)
         typer.echo(message, err=True)
 
-    try:
-        src = resolve_model(name, notify=notify)
-    except ModelLoadError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from None
+    src = resolve_model(name, notify=notify)  # a ModelLoadError: `error: ...` and its exit code (4)
     if src.kind not in ("alias", "gguf"):
         typer.echo(f"{name} is a {'directory' if src.kind == 'dir' else 'hub id'}: it loads as is, nothing to prepare")
         return

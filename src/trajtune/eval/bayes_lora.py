@@ -122,8 +122,12 @@ class BayesLoRAScorer:
         if not lora_dropout_modules(model):
             raise UsageError("--bayes-lora needs a LoRA adapter: give --model a PEFT adapter directory (a LoRA "
                              "run's checkpoint), not a full model")
-        self.model, self.renderer, self.k, self.seed = model, renderer, k, seed
         self.dropout = lora_dropout_rate(model)
+        if self.dropout == 0:  # every pass would be the same adapter: MI 0 whatever the policy knows
+            raise UsageError("--bayes-lora needs an adapter trained with LoRA dropout > 0 (model.lora.dropout, e.g. "
+                             "0.1): this adapter's lora_dropout is 0, so every pass is identical and the mutual "
+                             "information would be 0")
+        self.model, self.renderer, self.k, self.seed = model, renderer, k, seed
 
     def annotate(self, trajs: Sequence[Any]) -> None:
         for i, t in enumerate(trajs):

@@ -11,7 +11,7 @@ from trajtune.chat.render import ChatRenderer
 from trajtune.envs.base import Environment, Task
 from trajtune.errors import Interrupted, UsageError
 from trajtune.eval.backends import HFBackend
-from trajtune.eval.bayes_lora import BayesLoRAScorer, lora_dropout_rate
+from trajtune.eval.bayes_lora import BayesLoRAScorer
 from trajtune.eval.harness import build_suites, run_evaluation
 from trajtune.eval.metrics import summarize
 from trajtune.eval.store import EvalStore
@@ -146,10 +146,6 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
                 raise
             if settings.bayes_lora:
                 scorers.append(BayesLoRAScorer(model, renderer, settings.bayes_lora, seed=settings.seed))
-                if lora_dropout_rate(model) == 0:
-                    console.print("[yellow]warning:[/yellow] --bayes-lora: the adapter's lora_dropout is 0, so every "
-                                  "pass is the same and the mutual information is 0; train with lora.dropout > 0",
-                                  highlight=False, soft_wrap=True)
             backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
                                 batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
