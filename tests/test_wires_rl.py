@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trajtune.config import load_run_config
+from trajtune.algorithms.registry import load_run_config
 from trajtune.schema import write_trajectories
 from trajtune.tokens import SOURCE_POLICY
 from trajtune.train import run

@@ -17,7 +17,7 @@ from model_fixtures import perturbed_copy
 from wire_envs import reply_is_even
 from wire_fixtures import train_talker
 
-from trajtune.config import load_run_config
+from trajtune.algorithms.registry import load_run_config
 from trajtune.envs import make_env
 from trajtune.schema import write_trajectories
 from trajtune.train import run

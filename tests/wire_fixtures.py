@@ -35,7 +35,7 @@ def talker_data() -> list:
 
 def train_talker(tiny_dir: Path, work: Path) -> Path:
     """SFT the tiny model on ``talker_data`` (its final answers only); returns the final model dir."""
-    from trajtune.config import load_run_config
+    from trajtune.algorithms.registry import load_run_config
     from trajtune.schema import write_trajectories
     from trajtune.train import run
 
