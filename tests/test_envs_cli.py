@@ -69,3 +69,20 @@ def test_generate_only_success_and_bad_input(tmp_path):
     assert r.exit_code == EnvError.exit_code and "unknown environment" in r.output
     r = runner.invoke(app, ["data", "generate", "--env", "bandit", "--n", "1", "-o", str(tmp_path / "x.jsonl"), "--split", "dev"])
     assert r.exit_code == UsageError.exit_code and "train or test" in r.output
+
+
+def test_envs_show_lists_the_options_an_environment_takes():
+    """`config show` says an environment's options are listed by `envs show`: from the signature
+    (trip's difficulty) or from the options model of an environment that takes **options (fncall)."""
+    from typer.testing import CliRunner
+
+    from trajtune.cli.main import app
+    from trajtune.envs.fncall import FncallOptions
+
+    out = CliRunner().invoke(app, ["envs", "show", "trip"]).output
+    assert "options (--env-arg KEY=VALUE" in out and "\n  difficulty = None\n" in out
+    out = CliRunner().invoke(app, ["envs", "show", "fncall"]).output
+    for name, field in FncallOptions.model_fields.items():
+        assert f"\n  {name} = {field.default!r}  (" in out
+    out = CliRunner().invoke(app, ["envs", "show", "home"]).output
+    assert "options (--env-arg KEY=VALUE, or env.kwargs in a config):" in out

@@ -59,6 +59,10 @@ def show_command(
         raise UsageError(f"--split must be train or test, got {split!r}")
     typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
     typer.echo(f"max_turns: {env.max_turns}")
+    options = _options(name)
+    typer.echo("options (--env-arg KEY=VALUE, or env.kwargs in a config):" + ("" if options else " none"))
+    for line in options:
+        typer.echo(f"  {line}")
     task = env.tasks(split, 1, seed)[0]
     reset = env.reset(task)
     typer.echo("tools:")
@@ -87,3 +91,29 @@ def show_command(
             typer.echo(f"  [{m.role}] {text}")
     typer.echo("final state:")
     typer.echo("  " + env.render().replace("\n", "\n  "))
+
+
+def _options(name: str) -> list[str]:
+    """``key = default`` (``key`` alone when required) for each keyword the environment's factory takes."""
+    import inspect
+
+    from trajtune.envs.registry import list_envs
+
+    factory = list_envs().get(name)
+    model = getattr(factory, "options_model", None)  # options validated by a pydantic model (e.g. fncall)
+    if model is not None:
+        return [f"{k} = {f.default!r}  ({f.description})" if f.description else f"{k} = {f.default!r}"
+                for k, f in model.model_fields.items()]
+    try:
+        params = inspect.signature(factory).parameters.values() if factory is not None else []
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return []
+    shown = []
+    for p in params:
+        if p.kind == p.VAR_KEYWORD:
+            shown.append("any keyword the environment documents (see its description)")
+            continue
+        if p.kind == p.VAR_POSITIONAL or p.name == "self":
+            continue
+        shown.append(p.name if p.default is p.empty else f"{p.name} = {p.default!r}")
+    return shown

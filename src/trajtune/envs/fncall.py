@@ -277,6 +277,7 @@ class FncallEnv(Environment):
                    "options single_turn, holdout, min/max_distractors, same_domain.")
     max_turns = 3
     deterministic = True  # results are a function of the call
+    options_model = FncallOptions  # `trajtune envs show` lists its fields: the keywords are not in the signature
 
     def __init__(self, **options: Any) -> None:
         self.options = parse_options(options)
