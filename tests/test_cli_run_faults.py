@@ -165,3 +165,11 @@ def test_demo_settings_no_stage_can_run_fail_at_start(tmp_path, args, needle) ->
     out = tmp_path / "demo"
     line = one_error(["demo", "--out", str(out), *args], UsageError.exit_code)
     assert needle in line and not out.exists()
+
+
+def test_a_problem_a_set_override_causes_names_the_override(tmp_path) -> None:
+    """Before, the message blamed the YAML file alone for what `--set train.steps=2` broke."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: m\noutput_dir: out\ndata: {path: d.jsonl}\ntrain: {steps: 200, save_every: 100}\n")
+    line = one_error(["sft", "--config", str(cfg), "--set", "train.steps=2"], UsageError.exit_code)
+    assert line.startswith(f"error: {cfg} with --set train.steps=2: invalid configuration")

@@ -487,6 +487,12 @@ def read_config(path: str | Path | None, overrides: list[str] | None = None,
     return apply_overrides(data, overrides or []), source
 
 
+def with_overrides(source: str, overrides: list[str] | None) -> str:
+    """The source named in a validation error: the file, and the ``--set`` values that changed it,
+    so a problem an override caused is not blamed on the YAML alone."""
+    return f"{source} with --set {' '.join(overrides)}" if overrides else source
+
+
 def validate_config(data: dict[str, Any], cls: type[BaseModel], source: str) -> Any:
     try:
         return cls.model_validate(data)
@@ -501,7 +507,7 @@ def load_config(path: str | Path | None, cls: type[BaseModel], overrides: list[s
     if tag is not None and tag.default and data.get("algorithm", tag.default) != tag.default:
         raise ConfigError(f"{source}: algorithm: {data['algorithm']} is not a {tag.default} config; run it with "
                           f"`trajtune train --config {source}`")
-    return validate_config(data, cls, source)
+    return validate_config(data, cls, with_overrides(source, overrides))
 
 
 class EnvRunBase(RunBase):

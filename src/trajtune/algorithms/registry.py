@@ -33,7 +33,7 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field
 
-from trajtune.config import read_config, validate_config
+from trajtune.config import read_config, validate_config, with_overrides
 from trajtune.errors import ConfigError
 from trajtune.models.loading import load_model
 from trajtune.models.resolve import resolve_model
@@ -144,7 +144,7 @@ def load_run_config(path: str | Path | None, overrides: list[str] | None = None,
                           f"`trajtune train --config {source}`")
     if tag not in known:
         raise ConfigError(f"{source}: unknown algorithm {tag!r}; known: {', '.join(sorted(known))}")
-    return validate_config({**data, "algorithm": tag}, known[tag].config, source)
+    return validate_config({**data, "algorithm": tag}, known[tag].config, with_overrides(source, overrides))
 
 
 def load_trained(name_or_path: str, *, dtype: str = "auto") -> Any:
