@@ -27,7 +27,7 @@ import typer
 from trajtune.errors import DataError, OutputError, UsageError, require_input
 from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem, open_data
-from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
+from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory, atomic_write_text, iter_jsonl, parse_trajectory
 
 data_app = typer.Typer(
     help="Validate, convert and prepare trajectory datasets.\n\nExample: trajtune data validate data.jsonl",
@@ -643,7 +643,6 @@ def pairs(
     from types import SimpleNamespace
 
     from trajtune.algorithms.dpo import mine_trajectory_pairs, pairs_to_jsonl
-    from trajtune.schema import atomic_write_text, iter_jsonl, parse_trajectory
 
     with _path_errors():
         _input(input)
@@ -693,7 +692,6 @@ def plant_canaries_cmd(
     Example: trajtune data plant-canaries --in train.jsonl --out train.canaries.jsonl --n 20 --seed 1
     """
     from trajtune.safety.canaries import plant_canaries
-    from trajtune.schema import atomic_write_text
 
     sidecar_path = canaries if canaries is not None else output.parent / "canaries.json"
     with _path_errors():

@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 
 from trajtune.chat.parsers import available_parsers
+from trajtune.cli.eval_cmd import render_overrides
+from trajtune.errors import DataError, ModelLoadError, UsageError, require_input
 
 
 def doctor_cmd(
@@ -36,9 +38,7 @@ def doctor_cmd(
     Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --set render.tool_format=native --json
     """
     from trajtune.chat.doctor import check_template, report_json
-    from trajtune.cli.eval_cmd import render_overrides
     from trajtune.config import load_render
-    from trajtune.errors import DataError, ModelLoadError, UsageError, require_input
     from trajtune.models.resolve import resolve_model
 
     if non_prefix not in ("error", "split"):

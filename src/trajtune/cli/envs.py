@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from trajtune.errors import UsageError
+
 envs_app = typer.Typer(
     help="List and describe environments.\n\nExample: trajtune envs show workspace",
     no_args_is_help=True,
@@ -52,7 +54,6 @@ def show_command(
     Example: trajtune envs show sokoban --seed 3
     """
     from trajtune.envs import make_env
-    from trajtune.errors import UsageError
 
     env = make_env(name)  # an unknown name is an EnvError naming the known ones
     if split not in ("train", "test"):

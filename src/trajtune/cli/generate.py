@@ -11,6 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from trajtune.cli.eval_cmd import _env_kwargs
+from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
+from trajtune.schema import AtomicJsonlWriter
+
 
 def generate(
     env: Annotated[str, typer.Option("--env", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
@@ -41,11 +45,8 @@ def generate(
 
     Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
-    from trajtune.cli.eval_cmd import _env_kwargs
     from trajtune.config import env_from_cli
     from trajtune.envs import make_env
-    from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
-    from trajtune.schema import AtomicJsonlWriter
 
     spec = env_from_cli(env, _env_kwargs(env_arg))
     env, kwargs = spec.name, spec.kwargs

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trajtune.errors import OutputError, UsageError
+from trajtune.schema import atomic_write_text
 
 probe_app = typer.Typer(
     help="Safety and retention probes: canary extraction (privacy), forgetting.\n\n"
@@ -39,8 +40,6 @@ def _check_out(out: Path | None, overwrite: bool) -> None:
 def _emit(result: dict[str, Any], out: Path | None) -> None:
     text = json.dumps(result, indent=1, ensure_ascii=False)
     if out is not None:
-        from trajtune.schema import atomic_write_text
-
         atomic_write_text(out, text + "\n")
     typer.echo(text)
 
