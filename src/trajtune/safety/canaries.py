@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajtune.chat.render import ChatRenderer
 from trajtune.errors import DataError, UsageError, require_input
 from trajtune.schema import Message, TextPart, ToolSpec, Trajectory
 
@@ -165,8 +166,6 @@ def extraction_rate(model: Any, tokenizer: Any, doc: dict[str, Any], *, renderer
                     batch_size: int = 16) -> dict[str, Any]:
     """Prompt with each canary's prefix in its planted context and count exact greedy completions."""
     import torch
-
-    from trajtune.chat.render import ChatRenderer
 
     renderer = renderer or ChatRenderer(tokenizer)
     pairs = probe_prompts(renderer, doc)
