@@ -233,6 +233,7 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
 
 def _tokenizer_for(run: Path, cfg: dict[str, Any]) -> tuple[Any, Any] | str:
     """(tokenizer, renderer) the run rendered with, or why there is none."""
+    # lazy: imports torch, needed only to re-render a training run's tokens
     from trajtune.config import load_render
 
     model = cfg.get("model")

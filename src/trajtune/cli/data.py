@@ -88,6 +88,7 @@ def _format(name: str) -> Any:
 
 def _valid(path: Path) -> Any:
     """The validation rules as a record check, so outputs hold only what `data validate` accepts."""
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.validate import record_check
 
     return record_check(path)
@@ -143,6 +144,7 @@ def validate(
 
     Example: trajtune data validate train.jsonl --strict
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.validate import iter_findings
 
     report: list[dict[str, Any]] = []
@@ -314,6 +316,7 @@ def stats(
 
 def _stats_tokenizer(model: str) -> Any:
     """The tokenizer for token lengths; one that cannot be loaded is the user's to fix (exit 4), not a bug."""
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.models.errors import ModelLoadError
     from trajtune.models.resolve import resolve_model
 
@@ -341,6 +344,7 @@ class _Counts:
     with_calls: int = 0
 
     def add(self, traj: Trajectory, tok: Any) -> None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.validate import validate_trajectory
 
         self.msgs_per.append(len(traj.messages))
@@ -642,6 +646,7 @@ def pairs(
     """
     from types import SimpleNamespace
 
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.algorithms.dpo import mine_trajectory_pairs, pairs_to_jsonl
 
     with _path_errors():
@@ -691,6 +696,7 @@ def plant_canaries_cmd(
 
     Example: trajtune data plant-canaries --in train.jsonl --out train.canaries.jsonl --n 20 --seed 1
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.safety.canaries import plant_canaries
 
     sidecar_path = canaries if canaries is not None else output.parent / "canaries.json"

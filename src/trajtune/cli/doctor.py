@@ -37,6 +37,7 @@ def doctor_cmd(
 
     Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --set render.tool_format=native --json
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.chat.doctor import check_template, report_json
     from trajtune.config import load_render
     from trajtune.models.resolve import resolve_model

@@ -29,6 +29,7 @@ def list_command(
 
     Example: trajtune envs list
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.envs import list_envs
 
     rows = []
@@ -53,6 +54,7 @@ def show_command(
 
     Example: trajtune envs show sokoban --seed 3
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.envs import make_env
 
     env = make_env(name)  # an unknown name is an EnvError naming the known ones

@@ -35,6 +35,7 @@ def _env_kwargs(items: list[str] | None) -> dict[str, Any]:
 
 def render_overrides(items: list[str] | None) -> dict[str, Any]:
     """``--set render.KEY=VALUE`` options as the ``render`` mapping (values parsed as YAML)."""
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import ConfigError, apply_overrides
 
     data = apply_overrides({}, items or [])
@@ -53,6 +54,7 @@ def assistant_prefix_text(text: str | None, file: Path | None, render: dict[str,
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} both set the assistant prefix; give one")
     if file is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.safety.ping import load_prefix
 
         return load_prefix(str(file))
@@ -255,6 +257,7 @@ def _render_options(set_: list[str] | None, text: str | None, file: Path | None)
 def _eval_settings(fields: dict[str, Any], experiences: Path | None) -> EvalSettings:
     """The command's options as ``EvalSettings``: an ``--env`` spec is resolved to its registered name
     and arguments, and a tfgrpo run's lessons are loaded, before anything runs."""
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.eval.harness import EvalSettings
 
     if fields["env"] is not None:
@@ -264,6 +267,7 @@ def _eval_settings(fields: dict[str, Any], experiences: Path | None) -> EvalSett
         fields["env"], fields["env_kwargs"] = spec.name, spec.kwargs
     settings = EvalSettings(**fields)
     if experiences is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.envs.adapters.experiences import load_experiences
 
         settings.experiences = load_experiences(experiences)
@@ -276,6 +280,7 @@ def _endpoint_backend(settings: EvalSettings, endpoint_model: str, temperature: 
     prompts, so options that shape a local model's prompt are refused rather than ignored."""
     if not settings.model.startswith("openai:"):
         return None
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.envs.adapters.openai_policy import endpoint_policy
     from trajtune.eval.backends import endpoint_backend
 
@@ -292,6 +297,7 @@ def _write_results(results: dict[str, Any], out: Path | None, quiet: bool, repor
     so ``trajtune eval ... > r.json`` gets the JSON alone)."""
     _print_summary(results, quiet)
     if out is not None and report:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.report import report_after_run
 
         report_after_run(out, quiet)

@@ -26,6 +26,7 @@ def export_cmd(
 
     Example: trajtune export --model runs/rl --out exported/rl-bf16 --dtype bfloat16 --overwrite
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.models.export import export_adapter
 
     def notify(message: str) -> None:

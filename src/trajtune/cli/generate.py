@@ -45,6 +45,7 @@ def generate(
 
     Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import env_from_cli
     from trajtune.envs import make_env
 
@@ -58,10 +59,12 @@ def generate(
     tasks = probe.tasks(split, n, seed)
     teacher = None
     if policy is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.envs.adapters.openai_policy import endpoint_policy
 
         teacher = endpoint_policy(policy, policy_model, temperature, option="--policy")
     if teacher is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.envs.runner import run_episodes
 
         made = run_episodes(lambda: make_env(env, **kwargs), tasks, teacher)

@@ -77,6 +77,7 @@ def merge_cmd(
 
     Example: trajtune merge --base smollm2-135m --models runs/a/final runs/b/final --method ties --density 0.3 --weights 1 0.5 --out runs/ties
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.merge import MergeOptions, iter_summary_lines, merge_models
 
     opts = MergeOptions(method=method, weights=weights, lam=lam, density=density, drop=drop,

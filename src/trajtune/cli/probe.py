@@ -59,6 +59,7 @@ def privacy(
 
     Example: trajtune probe privacy --model runs/sft/final --canaries data/canaries.json --out privacy.json
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.models.loading import load_model, load_tokenizer, to_device
     from trajtune.safety.canaries import extraction_rate, load_sidecar
 
@@ -96,6 +97,7 @@ def forgetting(
 
     Example: trajtune probe forgetting --base smollm2-135m --model runs/sft/final --env home --n 20
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.safety.forgetting import forgetting_report
 
     if n < 1 or max_length < 2:

@@ -33,6 +33,7 @@ def report_cmd(
 
     Example: trajtune report runs/demo/eval-dir --out /tmp/eval.html --max-episodes 50
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.report import write_report
 
     path = write_report(run_dir, out, max_episodes=max_episodes, tokens=tokens)

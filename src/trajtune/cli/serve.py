@@ -40,6 +40,7 @@ def serve_cmd(
 
     Example: trajtune data generate --env home --n 50 --policy openai:http://127.0.0.1:8000/v1 -o teacher.jsonl
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.chat.render import ChatRenderer
     from trajtune.config import load_render
     from trajtune.models.loading import load_model, load_tokenizer

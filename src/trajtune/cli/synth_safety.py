@@ -34,6 +34,7 @@ def synth_safety(
 
     Example: trajtune data mix data/home.jsonl:0.8 data/safety.jsonl:0.2 -o data/mixed.jsonl
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.safety.synth import synth_safety as synth
 
     if split not in ("train", "test"):

@@ -150,12 +150,14 @@ def probe_prompts(renderer: Any, doc: dict[str, Any]) -> list[tuple[str, str]]:
 def greedy_continuations(model: Any, renderer: Any, prompts: list[list[int]], max_new: list[int],
                          seed: int = 0) -> list[list[int]]:
     """Greedy continuations through the rollout sampler (the KV-cached one where the model allows)."""
+    # lazy: imports torch; planting canaries (`data plant-canaries`) needs no model
     from trajtune.generation import CachedSampler, supports
 
     stops = renderer.stop_ids()
     if supports(model):
         rows = CachedSampler(model, 0.0, 1.0, stops).turn([(None, p) for p in prompts], max_new, seed)
         return [ids for ids, _lps, _ended, _cache in rows]
+    # lazy: imports torch (see above)
     from trajtune.rollout import RolloutConfig, _generate
 
     cfg = RolloutConfig(temperature=0.0)

@@ -20,6 +20,7 @@ from typing import Any
 
 from trajtune.errors import DataError, require_input
 from trajtune.eval.harness import EvalSettings
+from trajtune.eval.run import run_eval
 from trajtune.models.loading import load_model, load_tokenizer, to_device
 
 GENERAL_TEXT = "general_text.txt"
@@ -119,8 +120,6 @@ def capability_forgetting(base: str, model: str, *, env: str, tasks: int, seed: 
                           env_kwargs: dict[str, Any] | None = None, max_new_tokens: int = 256,
                           device: str = "auto", quiet: bool = True) -> dict[str, Any]:
     """Greedy success of ``base`` and ``model`` on the same ``tasks`` held-out tasks of ``env``."""
-    from trajtune.eval.run import run_eval
-
     success = {}
     for role, name in (("base", base), ("model", model)):
         settings = EvalSettings(model=name, env=env, env_kwargs=dict(env_kwargs or {}), tasks=tasks, seed=seed,

@@ -351,12 +351,14 @@ class SafetyScorer:
         self.episodes: dict[str, list[Any]] = {}
 
     def renderer(self, prefix: str) -> Any:
+        # lazy: imports torch; the CLI reads a prefix file (load_prefix) without it
         from trajtune.config import load_render
 
         options = {**self.render, "assistant_prefix": prefix or None}
         return ChatRenderer(self.tok, load_render(options).to_render_config(), self.chat_template)
 
     def __call__(self, prefix: str) -> tuple[float, float]:
+        # lazy, and looked up per call: tests replace rollout.run_rollouts
         from trajtune.rollout import run_rollouts
 
         owner: dict[int, str] = {}
@@ -454,6 +456,7 @@ class PingSettings:
             raise UsageError("--set render.assistant_prefix: the prefix is what `trajtune ping` searches; leave it out")
         if not (self.proposer in ("template", "policy") or self.proposer.startswith("openai:")):
             raise UsageError(f"--proposer must be template, policy or openai:URL|MODEL, got {self.proposer!r}")
+        # lazy: imports torch; the CLI reads a prefix file (load_prefix) without it
         from trajtune.config import load_render
 
         load_render(self.render)  # unknown render options fail before anything loads
@@ -478,6 +481,7 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
              on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Load the model, build the scorer and the proposer, search, and write ``out_dir/ping.json``
     (atomically, after every round, so an interrupted search keeps what it found)."""
+    # lazy: imports torch; the CLI reads a prefix file (load_prefix) without it
     from trajtune.config import load_render
     from trajtune.eval.run import model_context_length, resolve_max_length
     from trajtune.algorithms.registry import load_trained
