@@ -241,7 +241,8 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
              progress: Callable[[int], None] | None, sampler: Any = None) -> list[Episode]:
     """Step every task's episode to its end, ``cfg.batch_size`` at a time: each round, finished
     episodes leave and new ones take their places, every live episode generates one turn, and those
-    whose turn ended with a call are stepped in their environments together."""
+    whose turn ended with a call are stepped in their environments together. (The token-level loop:
+    ``envs.runner.run_episodes`` is the message-level one, for policies that return only messages.)"""
     results: list[Episode | None] = [None] * len(tasks)
     live: list[_Live] = []
     next_i = 0
