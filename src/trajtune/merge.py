@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.errors import ConfigError, OutputError
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.loading import _quiet_transformers
+from trajtune.models.loading import _quiet_transformers, read_tokenizer
 from trajtune.models.resolve import resolve_model
 from trajtune.schema import normal_permissions
 
@@ -295,15 +295,6 @@ def _tokenizer_dir(inp: _Input, base_path: str) -> str:
     return inp.path if has_tok or not inp.adapter else base_path
 
 
-def _load_tok(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not load a tokenizer from {path!r}: {e}") from None
-
-
 def _check_tokenizers(base_tok: Any, base_name: str, toks: Sequence[tuple[str, Any]]) -> None:
     """Merged weights only mean something if token i is the same token in every model."""
     base_vocab = base_tok.get_vocab()
@@ -394,8 +385,8 @@ def merge_models(base: str, models: Sequence[str], opts: MergeOptions, out: str 
     if out.exists() and not overwrite:
         raise OutputError(f"{out} exists; choose another --out or pass --overwrite to replace it")
     base_src, inputs = _resolve_inputs(base, models)
-    base_tok = _load_tok(base_src.path)
-    _check_tokenizers(base_tok, base, [(i.name, _load_tok(_tokenizer_dir(i, base_src.path))) for i in inputs])
+    base_tok = read_tokenizer(base_src.path)
+    _check_tokenizers(base_tok, base, [(i.name, read_tokenizer(_tokenizer_dir(i, base_src.path))) for i in inputs])
 
     weights = opts.weights or [1.0] * len(models)
     out.parent.mkdir(parents=True, exist_ok=True)

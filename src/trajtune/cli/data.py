@@ -318,12 +318,11 @@ def _stats_tokenizer(model: str) -> Any:
     """The tokenizer for token lengths; one that cannot be loaded is the user's to fix (exit 4), not a bug."""
     # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.models.errors import ModelLoadError
+    from trajtune.models.loading import read_tokenizer
     from trajtune.models.resolve import resolve_model
 
     try:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(resolve_model(model).path)
+        return read_tokenizer(resolve_model(model).path, user_errors=())
     except ModelLoadError as e:  # says its own fix
         raise ModelLoadError(f"could not load tokenizer {model!r}: {e}") from None
     except Exception as e:  # missing/invalid tokenizer is a user error

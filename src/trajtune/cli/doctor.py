@@ -40,6 +40,7 @@ def doctor_cmd(
     # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.chat.doctor import check_template, report_json
     from trajtune.config import load_render
+    from trajtune.models.loading import read_tokenizer
     from trajtune.models.resolve import resolve_model
 
     if non_prefix not in ("error", "split"):
@@ -60,9 +61,7 @@ def doctor_cmd(
     except ModelLoadError as e:  # unknown alias, missing or corrupt GGUF, missing package: says its own fix
         raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {e}") from None
     try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = read_tokenizer(path, user_errors=())
     except Exception as e:  # missing path, no network, not a tokenizer: a user error, not a traceback
         raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e} (hint: pass a "
                              "local directory containing tokenizer.json / tokenizer_config.json, or a Hugging Face "
