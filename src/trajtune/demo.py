@@ -30,7 +30,8 @@ from trajtune.plots import plot_metrics
 from trajtune.progress import bar, console
 from trajtune.rollout import RolloutConfig
 from trajtune.errors import RunDirError, UsageError
-from trajtune.schema import atomic_write_text, normal_permissions, write_trajectories
+from trajtune.report import report_after_run
+from trajtune.schema import Trajectory, atomic_write_text, normal_permissions, write_trajectories
 from trajtune.train import prepare_run_dir, run_rl, run_sft
 
 # Sized to fit a 15-minute budget on 2 CPU cores (measured: 257 s, the README's demo section).
@@ -150,12 +151,7 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     if unknown:
         raise UsageError(f"unknown demo setting(s): {sorted(unknown)}; known: {sorted(DEFAULTS)}")
     p = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
-    fixed = p["weak_sft_steps"]
-    if fixed is not None and not 0 < fixed < p["sft_steps"]:
-        raise UsageError("weak_sft_steps must be between 0 and sft_steps")
-    # The under-trained checkpoint is an earlier checkpoint of the same SFT run (no second run).
-    every = fixed if fixed is not None else p["weak_save_every"]
-    keep = p["sft_steps"] // every + 1 if fixed is not None else p["weak_keep"]
+    fixed, every, keep = _weak_schedule(p)
     check_stages(Path(out_dir), p, seed, every, keep)  # settings no stage can run fail now, not minutes in
     existing = Path(out_dir)
     if not overwrite and existing.exists() and any(existing.iterdir()):
@@ -166,23 +162,8 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     set_seed(seed)
     env = make_env(p["env"])
 
-    # 1. Expert data from the scripted expert (train seeds only).
-    tasks = env.tasks("train", p["n_train"], seed=seed)
-    with bar("expert data", len(tasks)) as adv:
-        experts = []
-        for t in tasks:
-            experts.append(env.expert(t))
-            adv()
-    data_path = out / "data" / "train.jsonl"
-    write_trajectories(data_path, experts)
-
-    # 2. A tiny tokenizer trained on rendered environment text, and a fresh model.
-    probe = build_tokenizer(["probe"], vocab_size=300)
-    texts = [probe.apply_chat_template([message_to_template_dict(m) for m in t.messages],
-                                       tools=tools_to_template(t.tools), tokenize=False) for t in experts[:500]]
-    base = create_tiny_model(out / "base-model", texts, vocab_size=p["vocab_size"], preset=p["preset"], seed=seed)
-    normal_permissions(base)
-
+    experts = _expert_data(env, out, p, seed)  # 1. expert data (train seeds only)
+    base = _tiny_base_model(out, experts, p, seed)  # 2. a tiny tokenizer and a fresh model
     summary: dict[str, Any] = {"settings": p, "seed": seed}
     summary["success_before_sft"] = _eval(base, p, out, "base", seed)
 
@@ -199,33 +180,77 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, seed: int = 0, **o
     rl_dir = rl("rl", sft_dir, p["rl_steps_full"])
     summary["success_after_rl"] = _eval(rl_dir, p, out, "rl", seed)
 
-    ckpt_root = out / "sft" / "checkpoints"
-    if fixed is not None:
-        weak_dir = ckpt_root / f"step-{fixed:06d}"
-    else:
-        weak_dir, probed = select_weak_checkpoint(ckpt_root, p, seed)
-        summary["weak_probe_train_success"] = {str(k): v for k, v in probed.items()}
-        for c in ckpt_root.glob("step-*"):  # the other candidates were only needed for the search
-            if c != weak_dir:
-                shutil.rmtree(c)
+    weak_dir = _weak_checkpoint(out / "sft" / "checkpoints", p, seed, fixed, summary)
     summary["weak_sft_step"] = int(weak_dir.name.split("-")[1])
     summary["success_weak_sft"] = _eval(weak_dir, p, out, "sft-weak", seed)
     weak_rl_dir = rl("rl-weak", weak_dir, p["rl_steps"])
     summary["success_weak_after_rl"] = _eval(weak_rl_dir, p, out, "rl-weak", seed)
 
+    _plot_all(out, summary)
+    summary["wall_seconds"] = round(time.time() - t0, 1)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "demo_config.yaml", dump_config_dict(p))
+    report_after_run(out, quiet=True)  # the evaluations side by side, their episodes in the viewer
+    _print_summary(summary, out)
+    return summary
+
+
+def _weak_schedule(p: dict[str, Any]) -> tuple[int | None, int, int]:
+    """How the under-trained checkpoint is found: it is an earlier checkpoint of the same SFT run (no
+    second run), either the fixed ``weak_sft_steps`` or the weakest of the kept ones. Returns (fixed
+    step or None, save every, checkpoints kept)."""
+    fixed = p["weak_sft_steps"]
+    if fixed is not None and not 0 < fixed < p["sft_steps"]:
+        raise UsageError("weak_sft_steps must be between 0 and sft_steps")
+    every = fixed if fixed is not None else p["weak_save_every"]
+    keep = p["sft_steps"] // every + 1 if fixed is not None else p["weak_keep"]
+    return fixed, every, keep
+
+
+def _expert_data(env: Any, out: Path, p: dict[str, Any], seed: int) -> list[Trajectory]:
+    """The scripted expert's trajectories on training tasks, written as the SFT data."""
+    tasks = env.tasks("train", p["n_train"], seed=seed)
+    with bar("expert data", len(tasks)) as adv:
+        experts = []
+        for t in tasks:
+            experts.append(env.expert(t))
+            adv()
+    write_trajectories(out / "data" / "train.jsonl", experts)
+    return experts
+
+
+def _tiny_base_model(out: Path, experts: list[Trajectory], p: dict[str, Any], seed: int) -> Path:
+    """A fresh model whose tokenizer is trained on the environment's rendered text, so a few hundred
+    tokens cover it and the demo trains in minutes on a CPU."""
+    probe = build_tokenizer(["probe"], vocab_size=300)
+    texts = [probe.apply_chat_template([message_to_template_dict(m) for m in t.messages],
+                                       tools=tools_to_template(t.tools), tokenize=False) for t in experts[:500]]
+    base = create_tiny_model(out / "base-model", texts, vocab_size=p["vocab_size"], preset=p["preset"], seed=seed)
+    normal_permissions(base)
+    return base
+
+
+def _weak_checkpoint(ckpt_root: Path, p: dict[str, Any], seed: int, fixed: int | None,
+                     summary: dict[str, Any]) -> Path:
+    """The under-trained SFT checkpoint: the fixed step, or the one the probe picks (its probe results
+    go into ``summary``; the other candidates are deleted, as they were only needed for the search)."""
+    if fixed is not None:
+        return ckpt_root / f"step-{fixed:06d}"
+    weak_dir, probed = select_weak_checkpoint(ckpt_root, p, seed)
+    summary["weak_probe_train_success"] = {str(k): v for k, v in probed.items()}
+    for c in ckpt_root.glob("step-*"):
+        if c != weak_dir:
+            shutil.rmtree(c)
+    return weak_dir
+
+
+def _plot_all(out: Path, summary: dict[str, Any]) -> None:
+    """The loss and reward curves of the three runs and the success bars."""
     plot_metrics(out / "sft" / "metrics.jsonl", out / "sft_loss.png", ["loss", "token_accuracy"], "SFT")
     plot_metrics(out / "rl" / "metrics.jsonl", out / "rl_reward.png", ["reward", "success"], "GRPO from SFT")
     plot_metrics(out / "rl-weak" / "metrics.jsonl", out / "rl_weak_reward.png", ["reward", "success"],
                  "GRPO from the under-trained SFT checkpoint")
     _plot_success(out / "success.png", summary)
-    summary["wall_seconds"] = round(time.time() - t0, 1)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
-    atomic_write_text(out / "demo_config.yaml", dump_config_dict(p))
-    from trajtune.report import report_after_run
-
-    report_after_run(out, quiet=True)  # the evaluations side by side, their episodes in the viewer
-    _print_summary(summary, out)
-    return summary
 
 
 def dump_config_dict(p: dict[str, Any]) -> str:

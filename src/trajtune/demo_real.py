@@ -25,14 +25,21 @@ from __future__ import annotations
 import json
 import resource
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from trajtune.algorithms.rl import RLRunConfig
 from trajtune.algorithms.sft import SFTRunConfig
 from trajtune.envs.registry import make_env
 from trajtune.errors import RunDirError, UsageError
+from trajtune.eval.harness import EvalSettings
+from trajtune.eval.run import run_eval
+from trajtune.eval.store import RESULTS_FILE
+from trajtune.models.resolve import resolve_model
 from trajtune.progress import bar, console
 from trajtune.schema import atomic_write_text, write_trajectories
 from trajtune.train import prepare_run_dir, run_rl, run_sft
@@ -75,9 +82,6 @@ def _env_kwargs(p: dict[str, Any]) -> dict[str, Any]:
 
 def _eval_once(settings: Any, out: Path) -> dict[str, Any]:
     """An evaluation, or the finished one already in ``out`` (a resumed demo); a killed one resumes."""
-    from trajtune.eval.run import run_eval
-    from trajtune.eval.store import RESULTS_FILE
-
     if (out / RESULTS_FILE).exists():
         return json.loads((out / RESULTS_FILE).read_text())  # type: ignore[no-any-return]
     return run_eval(settings, out_dir=out, resume=out.exists())
@@ -85,8 +89,6 @@ def _eval_once(settings: Any, out: Path) -> dict[str, Any]:
 
 def _evaluate(model: str, out: Path, p: dict[str, Any], seed: int) -> dict[str, float]:
     """Held-out fncall success and BFCL simple_python accuracy of ``model`` (a dir or alias)."""
-    from trajtune.eval.harness import EvalSettings
-
     common = {"model": model, "max_new_tokens": p["max_new_tokens"], "batch_size": p["eval_batch_size"],
               "seed": seed}
     env = _eval_once(EvalSettings(env="fncall", env_kwargs=_env_kwargs(p), tasks=p["n_test"], **common),
@@ -96,15 +98,13 @@ def _evaluate(model: str, out: Path, p: dict[str, Any], seed: int) -> dict[str, 
     return {"fncall": env["metrics"]["success"], "bfcl_simple_python": bfcl["metrics"]["success"]}
 
 
-def rl_config(out: Path, p: dict[str, Any], seed: int) -> Any:
+def rl_config(out: Path, p: dict[str, Any], seed: int) -> RLRunConfig:
     """GRPO on fncall training tasks, continuing the SFT adapter (its saved weights are the step-0 policy)."""
     if p["rl_reward"] not in ("decomposed", "verdict"):
         raise UsageError(f"rl_reward must be decomposed or verdict, not {p['rl_reward']!r}")
     terms = DECOMPOSED_REWARD if p["rl_reward"] == "decomposed" else {"success": 1.0}
     # fresh training tasks: the RL run draws from a seed the SFT data (seed) did not use
     env = {"name": "fncall", "kwargs": _env_kwargs(p)}
-    from trajtune.algorithms.rl import RLRunConfig
-
     return RLRunConfig.model_validate({
         "model": {"name_or_path": str(out / "sft" / "final"), "dtype": "float32"},
         "output_dir": str(out / "rl"), "seed": seed + 1000, "env": env, "report": False,
@@ -142,41 +142,46 @@ def _settings_match(out: Path, p: dict[str, Any]) -> None:
                          "--overwrite or another --out")
 
 
-def run_real_demo(out_dir: str | Path, model: str, *, overwrite: bool = False, resume: bool = False, seed: int = 0,
-                  **overrides: Any) -> dict[str, Any]:
-    """Evaluate ``model``, LoRA-SFT it on generated function-calling data, GRPO it, evaluate each stage."""
-    from trajtune.models.resolve import resolve_model
+class _Stages:
+    """Wall time and peak memory of each stage of the demo, as summary.json reports them."""
 
-    t0 = time.time()
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.peak: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.time()
+        yield
+        self.times[name] = round(time.time() - start, 1)
+        self.peak[name] = _peak_rss_mb()  # the process's peak so far: the stage that raised it shows
+
+
+def _demo_settings(overrides: dict[str, Any], overwrite: bool, resume: bool) -> dict[str, Any]:
+    """The demo's settings: the defaults with the given overrides, refusing unknown names and
+    contradicting flags before anything is loaded."""
     unknown = set(overrides) - set(REAL_DEFAULTS)
     if unknown:
         raise UsageError(f"unknown setting(s) for the real-model demo: {sorted(unknown)}; known: "
                          f"{sorted(REAL_DEFAULTS)}")
     if overwrite and resume:
         raise UsageError("--overwrite and --resume contradict each other: choose one")
-    p = {**REAL_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
-    existing = Path(out_dir)
-    resume = resume and existing.exists()
+    return {**REAL_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def _check_out_dir(existing: Path, p: dict[str, Any], seed: int, overwrite: bool, resume: bool) -> None:
+    """A resumed demo must be the same demo; a new one must not land on another run's files."""
     if resume:
         _settings_match(existing, {**p, "seed": seed})
     elif not overwrite and existing.exists() and any(existing.iterdir()):
         done = "a finished demo" if (existing / "summary.json").exists() else "an unfinished demo or other files"
         raise RunDirError(f"{existing} already holds {done}; pass --overwrite to replace it, --resume to continue "
                           "an unfinished one, or choose another --out")
-    console.print(f"preparing {model} (a GGUF is converted once, ~1 min, then cached)", highlight=False)
-    base = str(resolve_model(model).path)
-    out = existing if resume else prepare_run_dir(out_dir, overwrite=overwrite)
-    if not (out / "demo_settings.json").exists():
-        atomic_write_text(out / "demo_settings.json", json.dumps({**p, "seed": seed}, indent=1))
-    times: dict[str, float] = {}
-    peak: dict[str, float] = {}
 
-    def lap(name: str, start: float) -> None:
-        times[name] = round(time.time() - start, 1)
-        peak[name] = _peak_rss_mb()  # the process's peak so far: the stage that raised it shows
 
-    # 1. Training data: fncall expert trajectories (train split; held-out functions never appear).
-    t = time.time()
+def _expert_data(out: Path, p: dict[str, Any], seed: int) -> Path:
+    """fncall expert trajectories on the train split (held-out functions never appear); written once,
+    so a resumed demo reuses them."""
     data_path = out / "data" / "train.jsonl"
     if not data_path.exists():
         env = make_env("fncall", **_env_kwargs(p))
@@ -187,17 +192,12 @@ def run_real_demo(out_dir: str | Path, model: str, *, overwrite: bool = False, r
                 experts.append(make_env("fncall", **_env_kwargs(p)).expert(task))
                 adv()
         write_trajectories(data_path, experts)
-    lap("data", t)
+    return data_path
 
-    # 2. The base model.
-    t = time.time()
-    summary: dict[str, Any] = {"model": model, "model_path": base, "settings": p, "seed": seed,
-                               "before": _evaluate(base, out / "eval-base", p, seed)}
-    lap("eval_base", t)
 
-    # 3. LoRA SFT on the generated data (the render tool format resolves to hermes for SmolLM2).
-    t = time.time()
-    cfg = SFTRunConfig.model_validate({
+def _sft_config(base: str, out: Path, data_path: Path, p: dict[str, Any], seed: int) -> SFTRunConfig:
+    """LoRA SFT on the generated data (the render tool format resolves to hermes for SmolLM2)."""
+    return SFTRunConfig.model_validate({
         "model": {"name_or_path": base, "dtype": "float32",
                   "lora": {"r": p["lora_r"], "alpha": p["lora_alpha"], "target_modules": "all-linear"}},
         "output_dir": str(out / "sft"), "seed": seed,
@@ -205,26 +205,41 @@ def run_real_demo(out_dir: str | Path, model: str, *, overwrite: bool = False, r
         "train": {"steps": p["sft_steps"], "lr": p["lr"], "batch_size": p["batch_size"],
                   "micro_batch_size": p["batch_size"], "warmup_steps": max(1, p["sft_steps"] // 10)},
     })
-    run_sft(cfg, resume=resume and (out / "sft").exists())
-    lap("sft", t)
 
-    # 4. The fine-tuned model (the adapter directory loads its base model plus the adapter).
-    t = time.time()
-    summary["after"] = _evaluate(str(out / "sft" / "final"), out / "eval-sft", p, seed)
-    lap("eval_sft", t)
 
-    # 5. GRPO from the SFT adapter on fncall training tasks, then the same held-out sets.
-    if p["rl_steps"] > 0:
-        t = time.time()
-        rl = run_rl(rl_config(out, p, seed), resume=resume and (out / "rl").exists())
-        summary["rl_last"] = rl.get("last", {})
-        lap("rl", t)
-        t = time.time()
-        summary["after_rl"] = _evaluate(str(out / "rl" / "final"), out / "eval-rl", p, seed)
-        lap("eval_rl", t)
+def run_real_demo(out_dir: str | Path, model: str, *, overwrite: bool = False, resume: bool = False, seed: int = 0,
+                  **overrides: Any) -> dict[str, Any]:
+    """Evaluate ``model``, LoRA-SFT it on generated function-calling data, GRPO it, evaluate each stage."""
+    t0 = time.time()
+    p = _demo_settings(overrides, overwrite, resume)
+    existing = Path(out_dir)
+    resume = resume and existing.exists()
+    _check_out_dir(existing, p, seed, overwrite, resume)
+    console.print(f"preparing {model} (a GGUF is converted once, ~1 min, then cached)", highlight=False)
+    base = str(resolve_model(model).path)
+    out = existing if resume else prepare_run_dir(out_dir, overwrite=overwrite)
+    if not (out / "demo_settings.json").exists():
+        atomic_write_text(out / "demo_settings.json", json.dumps({**p, "seed": seed}, indent=1))
+    stage = _Stages()
 
-    summary["seconds"] = times
-    summary["peak_rss_mb_by_stage"] = peak
+    with stage("data"):  # 1. training data
+        data_path = _expert_data(out, p, seed)
+    with stage("eval_base"):  # 2. the base model
+        summary: dict[str, Any] = {"model": model, "model_path": base, "settings": p, "seed": seed,
+                                   "before": _evaluate(base, out / "eval-base", p, seed)}
+    with stage("sft"):  # 3. LoRA SFT on the generated data
+        run_sft(_sft_config(base, out, data_path, p, seed), resume=resume and (out / "sft").exists())
+    with stage("eval_sft"):  # 4. the fine-tuned model (the adapter directory loads its base plus the adapter)
+        summary["after"] = _evaluate(str(out / "sft" / "final"), out / "eval-sft", p, seed)
+    if p["rl_steps"] > 0:  # 5. GRPO from the SFT adapter on fncall training tasks, then the same held-out sets
+        with stage("rl"):
+            rl = run_rl(rl_config(out, p, seed), resume=resume and (out / "rl").exists())
+            summary["rl_last"] = rl.get("last", {})
+        with stage("eval_rl"):
+            summary["after_rl"] = _evaluate(str(out / "rl" / "final"), out / "eval-rl", p, seed)
+
+    summary["seconds"] = stage.times
+    summary["peak_rss_mb_by_stage"] = stage.peak
     summary["wall_seconds"] = round(time.time() - t0, 1)
     summary["peak_rss_mb"] = _peak_rss_mb()
     if resume:

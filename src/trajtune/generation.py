@@ -254,28 +254,8 @@ class CachedSampler:
         n = len(rows)
         if any(not new for _, new in rows):
             raise ValueError("a row needs at least one new token to continue from")
-        # the same first prompt (a group's) is encoded once
-        first: dict[tuple[int, ...], int] = {}
-        which: list[int] = []
-        unique: list[tuple[RowCache | None, list[int]]] = []
-        for row, new in rows:
-            key = tuple(new) if row is None else None
-            if key is None or key not in first:
-                if key is not None:
-                    first[key] = len(unique)
-                which.append(len(unique))
-                unique.append((row, new))
-            else:
-                which.append(first[key])
-        fresh = [u for u, (row, _) in enumerate(unique) if row is None]
-        if len(fresh) > 1:  # first prompts share the system prompt and tools: encode that prefix once
-            seqs = [unique[u][1] for u in fresh]
-            p = _common_prefix(seqs)
-            p = min(p, min(len(x) for x in seqs) - 1)  # every row keeps a token to predict from
-            if p >= 8:
-                ((_, shared),) = self._prefill([(None, seqs[0][:p])])
-                for u in fresh:
-                    unique[u] = (shared, unique[u][1][p:])
+        unique, which = _dedupe_first_prompts(rows)
+        self._share_prompt_prefix(unique)
         done = self._prefill(unique)
         caches: list[RowCache | None] = [done[u][1] for u in which]
         tok, lp = self._pick(torch.stack([done[u][0] for u in which]), gen)
@@ -283,10 +263,28 @@ class CachedSampler:
         out_lps: list[list[float]] = [[float(x)] for x in lp]
         ended = [int(t) in self.stops for t in tok]
         live = [r for r in range(n) if not ended[r] and len(out_ids[r]) < max_new[r]]
-        if not live:
-            return [(out_ids[r], out_lps[r], ended[r], caches[r]) for r in range(n)]  # type: ignore[misc]
+        if live:
+            self._decode(live, caches, out_ids, out_lps, ended, max_new, gen)
+        return [(out_ids[r], out_lps[r], ended[r], caches[r]) for r in range(n)]  # type: ignore[misc]
 
-        # the live rows as one batch: caches right-aligned in [B, H, L + room, D], padding masked out
+    def _share_prompt_prefix(self, unique: list[tuple[RowCache | None, list[int]]]) -> None:
+        """First prompts share the system prompt and tools: encode that prefix once, and let each
+        fresh row continue from its cache (rows are replaced in ``unique``)."""
+        fresh = [u for u, (row, _) in enumerate(unique) if row is None]
+        if len(fresh) > 1:
+            seqs = [unique[u][1] for u in fresh]
+            p = _common_prefix(seqs)
+            p = min(p, min(len(x) for x in seqs) - 1)  # every row keeps a token to predict from
+            if p >= 8:
+                ((_, shared),) = self._prefill([(None, seqs[0][:p])])
+                for u in fresh:
+                    unique[u] = (shared, unique[u][1][p:])
+
+    def _decode(self, live: list[int], caches: list[RowCache | None], out_ids: list[list[int]],
+                out_lps: list[list[float]], ended: list[bool], max_new: list[int], gen: torch.Generator) -> None:
+        """Sample the ``live`` rows token by token as one batch until each stops or runs out of room;
+        a row that leaves has its cache cut out of the batch into ``caches`` (the lists are updated
+        in place). The caches sit right-aligned in [B, H, L + room, D] buffers, padding masked out."""
         from transformers.cache_utils import Cache
 
         lens = [caches[r].n for r in live]  # type: ignore[union-attr]
@@ -329,4 +327,22 @@ class CachedSampler:
                 mask = mask.index_select(0, sel)[:, trim:]
                 tok = tok.index_select(0, sel)
             cur = tok
-        return [(out_ids[r], out_lps[r], ended[r], caches[r]) for r in range(n)]  # type: ignore[misc]
+
+
+def _dedupe_first_prompts(rows: list[tuple[RowCache | None, list[int]]]) -> tuple[
+        list[tuple[RowCache | None, list[int]]], list[int]]:
+    """The same first prompt (a group's) is encoded once: the distinct rows, and for each input row
+    the index of its distinct row."""
+    first: dict[tuple[int, ...], int] = {}
+    which: list[int] = []
+    unique: list[tuple[RowCache | None, list[int]]] = []
+    for row, new in rows:
+        key = tuple(new) if row is None else None
+        if key is None or key not in first:
+            if key is not None:
+                first[key] = len(unique)
+            which.append(len(unique))
+            unique.append((row, new))
+        else:
+            which.append(first[key])
+    return unique, which

@@ -24,6 +24,7 @@ the base model (the output) plus one tensor per input, never all the models.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -41,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.errors import ConfigError, OutputError
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.loading import _quiet_transformers
+from trajtune.models.loading import _quiet_transformers, read_tokenizer
 from trajtune.models.resolve import resolve_model
 from trajtune.schema import normal_permissions
 
@@ -294,15 +295,6 @@ def _tokenizer_dir(inp: _Input, base_path: str) -> str:
     return inp.path if has_tok or not inp.adapter else base_path
 
 
-def _load_tok(path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not load a tokenizer from {path!r}: {e}") from None
-
-
 def _check_tokenizers(base_tok: Any, base_name: str, toks: Sequence[tuple[str, Any]]) -> None:
     """Merged weights only mean something if token i is the same token in every model."""
     base_vocab = base_tok.get_vocab()
@@ -392,16 +384,9 @@ def merge_models(base: str, models: Sequence[str], opts: MergeOptions, out: str 
     out = Path(out)
     if out.exists() and not overwrite:
         raise OutputError(f"{out} exists; choose another --out or pass --overwrite to replace it")
-    base_src = resolve_model(base)
-    if base_src.kind == "dir" and _is_adapter(base_src.path):
-        raise ModelLoadError(f"--base {base!r} is a LoRA adapter; give the full model it was trained from")
-    inputs = []
-    for m in models:
-        src = resolve_model(m)
-        inputs.append(_Input(name=m, path=src.path, adapter=src.kind == "dir" and _is_adapter(src.path)))
-
-    base_tok = _load_tok(base_src.path)
-    _check_tokenizers(base_tok, base, [(i.name, _load_tok(_tokenizer_dir(i, base_src.path))) for i in inputs])
+    base_src, inputs = _resolve_inputs(base, models)
+    base_tok = read_tokenizer(base_src.path)
+    _check_tokenizers(base_tok, base, [(i.name, read_tokenizer(_tokenizer_dir(i, base_src.path))) for i in inputs])
 
     weights = opts.weights or [1.0] * len(models)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -410,69 +395,21 @@ def merge_models(base: str, models: Sequence[str], opts: MergeOptions, out: str 
         shutil.rmtree(tmp)
     try:
         with tempfile.TemporaryDirectory(prefix=".merge-adapters-", dir=out.parent) as work, ExitStack() as stack:
-            for j, inp in enumerate(inputs):
-                if inp.adapter:
-                    say(f"merging the LoRA adapter {inp.name} onto the base")
-                    inp.tensors_path = _materialize_adapter(inp.path, base_src.path, Path(work) / f"model-{j}")
-                    inp.config_sha256 = _sha256(Path(inp.path) / "adapter_config.json")
-                else:
-                    inp.tensors_path = inp.path
-                    inp.config_sha256 = _sha256(Path(inp.path) / "config.json")
+            _materialize_inputs(inputs, base_src.path, Path(work), say)
             _check_configs(base_src.path, base, inputs)
             base_t = _Tensors(base_src.path, stack, f"the base {base}")
             srcs = [_Tensors(i.tensors_path, stack, i.name) for i in inputs]
             keys = _check_tensors(base_t, srcs)
-
-            def taus(key: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
-                b = base_t.get(key).to(torch.float32)
-                return b, [w * (s.get(key).to(torch.float32) - b) for s, w in zip(srcs, weights, strict=True)]
-
-            ram_lambda = None
-            if opts.method in ("ram", "ram_plus"):  # λ_j counts entries over the whole model: a first pass
-                shared, unique = [0] * len(inputs), [0] * len(inputs)
-                for key in keys:
-                    s, u = ram_counts(taus(key)[1])
-                    shared = [a + b for a, b in zip(shared, s, strict=True)]
-                    unique = [a + b for a, b in zip(unique, u, strict=True)]
-                ram_lambda = ram_scales(shared, unique, RAM_PLUS_R if opts.method == "ram_plus" else 1.0)
+            taus = functools.partial(_task_vectors, base_t, srcs, weights)
+            ram_lambda = _ram_lambda(opts, keys, taus, len(inputs))
 
             say(f"merging {len(inputs)} model(s) into {base} with {opts.method}")
             model = _load_model(base_src.path)
-            state = model.state_dict()
-            per_tensor: dict[str, dict[str, Any]] = {}
-            n_total = n_changed = 0
-            input_changed = [0] * len(inputs)
-            with torch.no_grad():
-                for key in keys:
-                    if key not in state:
-                        raise ModelLoadError(f"tensor {key!r} of the base's files is not a parameter of the loaded "
-                                             "model; this model's layout cannot be merged")
-                    b, ts = taus(key)
-                    delta = merge_delta(opts, key, ts, ram_lambda)
-                    state[key].copy_((b + delta).to(state[key].dtype))
-                    n = delta.numel()
-                    changed = int((delta.abs() > CHANGED_EPS).sum())
-                    per_input = [int((t.abs() > CHANGED_EPS).sum()) for t in ts]
-                    n_total += n
-                    n_changed += changed
-                    input_changed = [a + c for a, c in zip(input_changed, per_input, strict=True)]
-                    per_tensor[key] = {"shape": list(delta.shape), "changed": round(changed / max(n, 1), 6),
-                                       "inputs_changed": [round(c / max(n, 1), 6) for c in per_input],
-                                       "max_abs_delta": float(delta.abs().max()) if n else 0.0}
+            stats = _merge_tensors(model.state_dict(), keys, taus, opts, ram_lambda, len(inputs))
             model.save_pretrained(tmp)
-            del model, state
+            del model
         base_tok.save_pretrained(tmp)
-        summary = {
-            "method": opts.method,
-            "options": opts.resolved(),
-            "base": {"name": base, "path": base_src.path, "config_sha256": _sha256(Path(base_src.path) / "config.json")},
-            "inputs": [{"name": i.name, "path": i.path, "kind": "lora_adapter" if i.adapter else "model",
-                        "config_sha256": i.config_sha256} for i in inputs],
-            "stats": {"parameters": n_total, "changed": round(n_changed / max(n_total, 1), 6),
-                      "inputs_changed": [round(c / max(n_total, 1), 6) for c in input_changed],
-                      **({"ram_lambda": ram_lambda} if ram_lambda is not None else {})},
-            "tensors": per_tensor,
-        }
+        summary = _merge_summary(opts, base, base_src.path, inputs, stats, ram_lambda)
         (tmp / "merge.json").write_text(json.dumps(summary, indent=2) + "\n")
         normal_permissions(tmp)
         if out.exists():
@@ -482,6 +419,105 @@ def merge_models(base: str, models: Sequence[str], opts: MergeOptions, out: str 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return MergeResult(out=out, summary=summary)
+
+
+def _resolve_inputs(base: str, models: Sequence[str]) -> tuple[Any, list[_Input]]:
+    """Where the base and each input are; the base must be a full model, since adapters merge onto it."""
+    base_src = resolve_model(base)
+    if base_src.kind == "dir" and _is_adapter(base_src.path):
+        raise ModelLoadError(f"--base {base!r} is a LoRA adapter; give the full model it was trained from")
+    inputs = []
+    for m in models:
+        src = resolve_model(m)
+        inputs.append(_Input(name=m, path=src.path, adapter=src.kind == "dir" and _is_adapter(src.path)))
+    return base_src, inputs
+
+
+def _materialize_inputs(inputs: list[_Input], base_path: str, work: Path, say: Callable[[str], None]) -> None:
+    """Give every input full tensors to subtract the base from: an adapter is merged onto the base in
+    ``work`` first. The hash of each input's config goes into merge.json."""
+    for j, inp in enumerate(inputs):
+        if inp.adapter:
+            say(f"merging the LoRA adapter {inp.name} onto the base")
+            inp.tensors_path = _materialize_adapter(inp.path, base_path, work / f"model-{j}")
+            inp.config_sha256 = _sha256(Path(inp.path) / "adapter_config.json")
+        else:
+            inp.tensors_path = inp.path
+            inp.config_sha256 = _sha256(Path(inp.path) / "config.json")
+
+
+def _task_vectors(base_t: _Tensors, srcs: list[_Tensors], weights: Sequence[float],
+                  key: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The base tensor ``key`` and each input's weighted task vector (input - base), in float32.
+    Called per tensor, so only one tensor of each input is in memory at a time."""
+    b = base_t.get(key).to(torch.float32)
+    return b, [w * (s.get(key).to(torch.float32) - b) for s, w in zip(srcs, weights, strict=True)]
+
+
+def _ram_lambda(opts: MergeOptions, keys: list[str], taus: Callable[[str], tuple[torch.Tensor, list[torch.Tensor]]],
+                n_inputs: int) -> list[float] | None:
+    """RAM's per-input scales λ_j count entries over the whole model, so they need a first pass
+    before any tensor is merged; None for the other methods."""
+    if opts.method not in ("ram", "ram_plus"):
+        return None
+    shared, unique = [0] * n_inputs, [0] * n_inputs
+    for key in keys:
+        s, u = ram_counts(taus(key)[1])
+        shared = [a + b for a, b in zip(shared, s, strict=True)]
+        unique = [a + b for a, b in zip(unique, u, strict=True)]
+    return ram_scales(shared, unique, RAM_PLUS_R if opts.method == "ram_plus" else 1.0)
+
+
+@dataclass
+class _MergeStats:
+    """How much of the model the merge changed, overall, per input and per tensor (for merge.json)."""
+
+    per_tensor: dict[str, dict[str, Any]]
+    n_total: int
+    n_changed: int
+    input_changed: list[int]
+
+
+def _merge_tensors(state: dict[str, torch.Tensor], keys: list[str],
+                   taus: Callable[[str], tuple[torch.Tensor, list[torch.Tensor]]], opts: MergeOptions,
+                   ram_lambda: list[float] | None, n_inputs: int) -> _MergeStats:
+    """Write base + merged delta into the loaded model's parameters in place, tensor by tensor."""
+    stats = _MergeStats(per_tensor={}, n_total=0, n_changed=0, input_changed=[0] * n_inputs)
+    with torch.no_grad():
+        for key in keys:
+            if key not in state:
+                raise ModelLoadError(f"tensor {key!r} of the base's files is not a parameter of the loaded "
+                                     "model; this model's layout cannot be merged")
+            b, ts = taus(key)
+            delta = merge_delta(opts, key, ts, ram_lambda)
+            state[key].copy_((b + delta).to(state[key].dtype))
+            n = delta.numel()
+            changed = int((delta.abs() > CHANGED_EPS).sum())
+            per_input = [int((t.abs() > CHANGED_EPS).sum()) for t in ts]
+            stats.n_total += n
+            stats.n_changed += changed
+            stats.input_changed = [a + c for a, c in zip(stats.input_changed, per_input, strict=True)]
+            stats.per_tensor[key] = {"shape": list(delta.shape), "changed": round(changed / max(n, 1), 6),
+                                     "inputs_changed": [round(c / max(n, 1), 6) for c in per_input],
+                                     "max_abs_delta": float(delta.abs().max()) if n else 0.0}
+    return stats
+
+
+def _merge_summary(opts: MergeOptions, base: str, base_path: str, inputs: list[_Input], stats: _MergeStats,
+                   ram_lambda: list[float] | None) -> dict[str, Any]:
+    """merge.json: what was merged, how, from which exact configs, and how much it changed."""
+    n_total = stats.n_total
+    return {
+        "method": opts.method,
+        "options": opts.resolved(),
+        "base": {"name": base, "path": base_path, "config_sha256": _sha256(Path(base_path) / "config.json")},
+        "inputs": [{"name": i.name, "path": i.path, "kind": "lora_adapter" if i.adapter else "model",
+                    "config_sha256": i.config_sha256} for i in inputs],
+        "stats": {"parameters": n_total, "changed": round(stats.n_changed / max(n_total, 1), 6),
+                  "inputs_changed": [round(c / max(n_total, 1), 6) for c in stats.input_changed],
+                  **({"ram_lambda": ram_lambda} if ram_lambda is not None else {})},
+        "tensors": stats.per_tensor,
+    }
 
 
 def iter_summary_lines(summary: dict[str, Any]) -> Iterator[str]:

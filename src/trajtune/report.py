@@ -30,8 +30,11 @@ from typing import Any
 
 import yaml
 
+from trajtune.chat.render import ChatRenderer
 from trajtune.errors import InputNotFoundError
-from trajtune.schema import atomic_write_text
+from trajtune.models.loading import load_tokenizer
+from trajtune.progress import console
+from trajtune.schema import Trajectory, atomic_write_text
 from trajtune.tokens import SOURCE_NAMES
 
 REPORT_FILE = "report.html"
@@ -230,9 +233,8 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
 
 def _tokenizer_for(run: Path, cfg: dict[str, Any]) -> tuple[Any, Any] | str:
     """(tokenizer, renderer) the run rendered with, or why there is none."""
-    from trajtune.chat.render import ChatRenderer
+    # lazy: imports torch, needed only to re-render a training run's tokens
     from trajtune.config import load_render
-    from trajtune.models.loading import load_tokenizer
 
     model = cfg.get("model")
     name = model.get("name_or_path") if isinstance(model, dict) else model
@@ -259,8 +261,6 @@ def _tokenizer_for(run: Path, cfg: dict[str, Any]) -> tuple[Any, Any] | str:
 def add_tokens(data: _Data, run: Path, cfg: dict[str, Any]) -> None:
     """Render each shown episode with the run's tokenizer and chat template: per token its text,
     provenance and weight, the episode's advantage, and where truncation cut."""
-    from trajtune.schema import Trajectory
-
     got = _tokenizer_for(run, cfg)
     if isinstance(got, str):
         data.notes.append(got)
@@ -404,8 +404,6 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, max_epis
 def report_after_run(run_dir: str | Path, quiet: bool = False) -> Path | None:
     """The report a finished run or evaluation writes: a failure to write it is a warning, never a
     failed run (the model and results are already saved)."""
-    from trajtune.progress import console
-
     try:
         path = write_report(run_dir)
     except Exception as e:  # noqa: BLE001 - see above

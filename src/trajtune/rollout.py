@@ -239,6 +239,10 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
              tasks: list[Task], cfg: RolloutConfig, seed: int, eot_ids: list[int],
              step_fn: Callable[..., list[StepResult]], prefixes: list[list[Message]] | None,
              progress: Callable[[int], None] | None, sampler: Any = None) -> list[Episode]:
+    """Step every task's episode to its end, ``cfg.batch_size`` at a time: each round, finished
+    episodes leave and new ones take their places, every live episode generates one turn, and those
+    whose turn ended with a call are stepped in their environments together. (The token-level loop:
+    ``envs.runner.run_episodes`` is the message-level one, for policies that return only messages.)"""
     results: list[Episode | None] = [None] * len(tasks)
     live: list[_Live] = []
     next_i = 0
@@ -247,13 +251,7 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
         sampler = sampler_for(model, tok, temperature=cfg.temperature, top_p=cfg.top_p, stop_ids=eot_ids,
                               reuse_cache=cfg.reuse_kv_cache)
     while True:
-        for e in live:
-            if e.termination is not None:
-                e.cache = None  # a finished episode's keys and values are not needed again
-                results[e.index] = _finish(e)
-                if progress:
-                    progress(1)
-        live = [e for e in live if e.termination is None]
+        live = _retire_finished(live, results, progress)
         while len(live) < cfg.batch_size and next_i < len(tasks):  # refill the free places
             live.append(_start(renderer, env_factory, tasks[next_i], next_i, cfg,
                                prefixes[next_i] if prefixes is not None else None))
@@ -262,74 +260,114 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
             break
         if any(e.termination is not None for e in live):  # ended before acting (a replayed prefix, too long)
             continue
-        active = live
-        room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
-        round_seed = _round_seed(seed, 0, round_no)
-        if sampler is not None:
-            outs = sampler.turn([(e.cache, e.ids[e.cache.n if e.cache else 0:]) for e in active], room, round_seed)
-            gens = []
-            for e, (ids, lps, ended, cache) in zip(active, outs):
-                e.cache = cache
-                gens.append((ids, lps, ended))
-        else:
-            gens = _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids, round_seed)
+        gens = _generate_turn(model, tok, sampler, live, cfg, eot_ids, _round_seed(seed, 0, round_no))
         round_no += 1
         stepping: list[tuple[_Live, Message]] = []
-        for e, (ids, lps, ended) in zip(active, gens):
-            e.extend(ids, SOURCE_POLICY, lps)
-            text = tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
-            parsed = parse_tool_calls(text, cfg.parser, taken_ids=e.taken_ids)
-            e.format_errors += len(parsed.errors)
-            msg = assistant_message(parsed.content, parsed.tool_calls, parsed.errors, text)
-            if renderer.config.assistant_prefix:  # recorded, so re-rendering masks it whatever the config says
-                msg.extra[PREFIX_KEY] = renderer.config.assistant_prefix
-            e.messages.append(msg)
-            e.turns += 1
-            if not ended:
-                e.termination = "length" if len(e.ids) < cfg.max_length else "context_overflow"
-                continue
-            stepping.append((e, msg))
+        for e, gen in zip(live, gens):
+            msg = _record_turn(tok, renderer, cfg, e, gen)
+            if msg is not None:
+                stepping.append((e, msg))
         if not stepping:
             continue
         stepped = step_fn([e.env for e, _ in stepping], [m for _, m in stepping], cfg.step_timeout_s)
         for (e, msg), res in zip(stepping, stepped):
-            e.reward += float(res.reward)
-            msg.reward = float(res.reward)  # a turn's reward sits on the assistant message that earned it
-            if isinstance(res.info.get("feedback"), str):
-                e.feedback = res.info["feedback"]
-            terms = res.info.get("reward_terms")
-            if isinstance(terms, dict):  # named reward terms an environment reports (rl.reward: info.NAME)
-                for k, v in terms.items():
-                    if isinstance(v, (int, float)) and not isinstance(v, bool):
-                        e.reward_info[str(k)] = e.reward_info.get(str(k), 0.0) + float(v)
-            if isinstance(res.info.get("tools"), list) and res.info["tools"]:
-                e.tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in res.info["tools"]]
-            if res.observations:
-                e.messages.extend(res.observations)
-            if res.termination and res.termination != "done":
-                e.termination = res.termination
-                e.error = str(res.info.get("error")) if res.info.get("error") else None
-                continue
-            if res.done:
-                e.termination = "done"
-                continue
-            if e.turns >= cfg.max_turns:
-                e.termination = "max_turns"
-                continue
-            n_prev = len(e.messages) - len(res.observations)
-            try:
-                obs_ids = renderer.encode(renderer.observation_text(e.messages, e.tools, n_prev))
-            except RenderError as err:
-                e.termination, e.error = "env_error", str(err)
-                continue
-            e.extend(obs_ids, SOURCE_ENV)
-            _inject_prefix(renderer, e)
-            if cfg.snapshots:
-                e.snapshots.append((e.env.snapshot(), list(e.tools)))
-            if len(e.ids) >= cfg.max_length:
-                e.termination = "context_overflow"
+            _take_step(renderer, cfg, e, msg, res)
     assert all(r is not None for r in results)
     return results  # type: ignore[return-value]
+
+
+def _retire_finished(live: list[_Live], results: list[Episode | None],
+                     progress: Callable[[int], None] | None) -> list[_Live]:
+    """Move finished episodes into ``results`` (at their task's index) and return the live ones."""
+    for e in live:
+        if e.termination is not None:
+            e.cache = None  # a finished episode's keys and values are not needed again
+            results[e.index] = _finish(e)
+            if progress:
+                progress(1)
+    return [e for e in live if e.termination is None]
+
+
+def _generate_turn(model: Any, tok: Any, sampler: Any, active: list[_Live], cfg: RolloutConfig,
+                   eot_ids: list[int], round_seed: int) -> list[tuple[list[int], list[float], bool]]:
+    """One assistant turn for every live episode: (ids, log-probs, ended at end-of-turn). A sampler
+    continues each episode's KV cache from its new tokens; without one, ``generate()`` re-encodes."""
+    room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
+    if sampler is None:
+        return _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids, round_seed)
+    outs = sampler.turn([(e.cache, e.ids[e.cache.n if e.cache else 0:]) for e in active], room, round_seed)
+    gens = []
+    for e, (ids, lps, ended, cache) in zip(active, outs):
+        e.cache = cache
+        gens.append((ids, lps, ended))
+    return gens
+
+
+def _record_turn(tok: Any, renderer: ChatRenderer, cfg: RolloutConfig, e: _Live,
+                 gen: tuple[list[int], list[float], bool]) -> Message | None:
+    """Append the sampled tokens as they were sampled and the parsed assistant message. Returns the
+    message when the turn ended at end-of-turn (its calls go to the environment); a turn cut off by a
+    token limit ends the episode instead."""
+    ids, lps, ended = gen
+    e.extend(ids, SOURCE_POLICY, lps)
+    text = tok.decode(ids[:-1] if ended else ids, skip_special_tokens=False)
+    parsed = parse_tool_calls(text, cfg.parser, taken_ids=e.taken_ids)
+    e.format_errors += len(parsed.errors)
+    msg = assistant_message(parsed.content, parsed.tool_calls, parsed.errors, text)
+    if renderer.config.assistant_prefix:  # recorded, so re-rendering masks it whatever the config says
+        msg.extra[PREFIX_KEY] = renderer.config.assistant_prefix
+    e.messages.append(msg)
+    e.turns += 1
+    if not ended:
+        e.termination = "length" if len(e.ids) < cfg.max_length else "context_overflow"
+        return None
+    return msg
+
+
+def _take_step(renderer: ChatRenderer, cfg: RolloutConfig, e: _Live, msg: Message, res: StepResult) -> None:
+    """Apply the environment's answer to a turn: its reward, then either the episode's end or the
+    observation tokens (from the chat-template delta) and the next generation prompt."""
+    _record_reward(e, msg, res)
+    if res.observations:
+        e.messages.extend(res.observations)
+    if res.termination and res.termination != "done":
+        e.termination = res.termination
+        e.error = str(res.info.get("error")) if res.info.get("error") else None
+        return
+    if res.done:
+        e.termination = "done"
+        return
+    if e.turns >= cfg.max_turns:
+        e.termination = "max_turns"
+        return
+    n_prev = len(e.messages) - len(res.observations)
+    try:
+        obs_ids = renderer.encode(renderer.observation_text(e.messages, e.tools, n_prev))
+    except RenderError as err:
+        e.termination, e.error = "env_error", str(err)
+        return
+    e.extend(obs_ids, SOURCE_ENV)
+    _inject_prefix(renderer, e)
+    if cfg.snapshots:
+        e.snapshots.append((e.env.snapshot(), list(e.tools)))
+    if len(e.ids) >= cfg.max_length:
+        e.termination = "context_overflow"
+
+
+def _record_reward(e: _Live, msg: Message, res: StepResult) -> None:
+    """What a step reports besides observations: the reward (on the episode and on the assistant
+    message that earned it), feedback, named reward terms, and a changed tool list."""
+    e.reward += float(res.reward)
+    msg.reward = float(res.reward)  # a turn's reward sits on the assistant message that earned it
+    if isinstance(res.info.get("feedback"), str):
+        e.feedback = res.info["feedback"]
+    terms = res.info.get("reward_terms")
+    if isinstance(terms, dict):  # named reward terms an environment reports (rl.reward: info.NAME)
+        for k, v in terms.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                e.reward_info[str(k)] = e.reward_info.get(str(k), 0.0) + float(v)
+    if isinstance(res.info.get("tools"), list) and res.info["tools"]:
+        e.tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in res.info["tools"]]
 
 
 def _own_turn_rewards(e: _Live) -> list[float]:

@@ -59,6 +59,7 @@ class ChatService:
         self.max_tokens = max_tokens
         self.lock = threading.Lock()
         self.version = 0  # policy version: bumped by every load_weights
+        # lazy: imports torch; judge imports this module, and eval.harness and safety.ping import judge
         from trajtune.generation import supports
 
         self.cached = supports(model)  # the cached sampler, else generate()
@@ -110,6 +111,7 @@ class ChatService:
     def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
                 stops: list[int], seed: int) -> list[tuple[list[int], list[float], bool]]:
         """(ids, log-probs, ended) per prompt: the cached sampler, else generate() (hold ``self.lock``)."""
+        # lazy (see __init__), and looked up per call: tests replace generation.CachedSampler
         from trajtune.generation import CachedSampler
         from trajtune.rollout import RolloutConfig, _generate
 

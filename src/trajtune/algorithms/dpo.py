@@ -10,6 +10,7 @@ through the same mask (source == policy, weight > 0) as every other objective.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections import defaultdict
@@ -447,14 +448,10 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
     tok = ctx.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ref = ctx.load_reference() if d.reference == "model" and ctx.load_reference else None
+    with_reference = functools.partial(_with_reference, ref, pad)
     objective = DPOObjective(d.beta, d.loss, d.reference)
     shown = ("loss", "reward_accuracy")
     plot = ("loss.png", ("loss", "reward_accuracy", "margin"), "DPO")
-
-    def with_reference(units: list[list[TokenTrajectory]]) -> list[list[TokenTrajectory]]:
-        if ref is not None:
-            add_ref_logprobs(ref, [t for u in units for t in u], pad)
-        return units
 
     if prepared is not None:  # pairs from a file: a dataset of units
         units = with_reference(prepared)
@@ -464,37 +461,52 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
         return Recipe(source=source, objective=objective, micro_batch_size=2 * cfg.train.micro_batch_size,
                       result={"pairs": len(units)}, shown=shown, plot=plot)
 
-    assert cfg.env is not None
-    env_name, kwargs = cfg.env.name, cfg.env.kwargs
-    tasks = make_env(env_name, **kwargs).tasks("train", d.n_tasks, seed=cfg.seed)
-    ro = cfg.rollout.to_config()
+    miner = _PairMiner(cfg, ctx)
+    source = IterativeSource(mine=miner.mine, render=lambda records: with_reference(_render_records(records)),
+                             load=json.loads, dump=lambda r: json.dumps(r),
+                             steps_per_iteration=cfg.train.steps // d.iterations, batch_size=cfg.train.batch_size,
+                             cache_dir=ctx.out / "dpo", keep_previous=False, seed=cfg.seed)
+    return Recipe(source=source, objective=objective, micro_batch_size=2 * cfg.train.micro_batch_size,
+                  shown=shown, plot=plot)
 
-    factory = cfg.rollout.env_factory(cfg.env)
 
-    def mine_steps(it: int, model: Any, root: list[Any]) -> tuple[list[MinedPair], dict[str, int]]:
-        by_task: dict[str, list[Any]] = defaultdict(list)
-        for e in root:
-            by_task[_task_key(e)].append(e)
-        states = [(t.id, 0, by_task[t.id]) for t in tasks]
-        starts: list[tuple[Any, list[Any]]] = []
-        for t in tasks:
-            spine = pick_spine(by_task[t.id])
-            if spine is not None:
-                starts += [(t, p) for p in state_prefixes(spine, d.states_per_task)]
-        if starts:
-            eps = agent_loop.run_rollouts(model, tok, factory, [t for t, _ in starts for _ in range(d.k)], ro,
-                                          seed=cfg.seed * 1_000_003 + 7_777 + it, renderer=ctx.renderer,
-                                          prefixes=[p for _, p in starts for _ in range(d.k)])
-            for j, (t, p) in enumerate(starts):
-                states.append((t.id, sum(m.role == "assistant" for m in p), eps[j * d.k:(j + 1) * d.k]))
-        return mine_step_pairs(states, d.value_gap, id_prefix=f"it{it}:")
+def _with_reference(ref: Any, pad: int, units: list[list[TokenTrajectory]]) -> list[list[TokenTrajectory]]:
+    """With ``dpo.reference: model``, each row gets the reference model's log-probs once, when it is
+    rendered, so the loss never runs the reference model."""
+    if ref is not None:
+        add_ref_logprobs(ref, [t for u in units for t in u], pad)
+    return units
 
-    def mine(it: int, model: Any) -> tuple[list[Any], dict[str, float]]:
-        expanded = [t for t in tasks for _ in range(d.k)]
-        episodes = agent_loop.run_rollouts(model, tok, factory, expanded, ro,
-                                           seed=cfg.seed * 1_000_003 + 5_555 + it, renderer=ctx.renderer)
+
+def _render_records(records: list[Any]) -> list[list[TokenTrajectory]]:
+    """Persisted pairs back to (chosen, rejected) rows, the tokens exactly as they were sampled."""
+    units = []
+    for rec in records:
+        pid = rec["pair"]["id"]
+        units.append([TokenTrajectory(**row, traj_id=pid, group=f"pair:{pid}", meta={"pair_role": role})
+                      for role, row in zip(("chosen", "rejected"), rec["rows"])])
+    return units
+
+
+class _PairMiner:
+    """Mines each iteration's pairs from the current policy's rollouts on the training tasks: whole
+    trajectories (a success against a failure of one task) or, at ``dpo.level: step``, actions from
+    the same state whose values differ."""
+
+    def __init__(self, cfg: DPORunConfig, ctx: RunContext):
+        assert cfg.env is not None
+        self.cfg, self.d, self.ctx, self.tok = cfg, cfg.dpo, ctx, ctx.tokenizer
+        self.tasks = make_env(cfg.env.name, **cfg.env.kwargs).tasks("train", cfg.dpo.n_tasks, seed=cfg.seed)
+        self.ro = cfg.rollout.to_config()
+        self.factory = cfg.rollout.env_factory(cfg.env)
+
+    def mine(self, it: int, model: Any) -> tuple[list[Any], dict[str, float]]:
+        d = self.d
+        expanded = [t for t in self.tasks for _ in range(d.k)]
+        episodes = agent_loop.run_rollouts(model, self.tok, self.factory, expanded, self.ro,
+                                           seed=self.cfg.seed * 1_000_003 + 5_555 + it, renderer=self.ctx.renderer)
         if d.level == "step":
-            mined, counts = mine_steps(it, model, episodes)
+            mined, counts = self._mine_steps(it, model, episodes)
             if not mined:
                 raise DataError(
                     f"dpo iteration {it + 1}: no step-level pair to train on: of {counts['states']} states × {d.k} "
@@ -503,7 +515,8 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
                     f"({d.value_gap}); use more rollouts per state (dpo.k), a higher rollout.temperature or a "
                     "smaller dpo.value_gap")
             return _records(mined), {k: float(v) for k, v in counts.items()}
-        mined, counts = mine_trajectory_pairs(episodes, d.max_pairs_per_task, cfg.seed + it, id_prefix=f"it{it}:")
+        mined, counts = mine_trajectory_pairs(episodes, d.max_pairs_per_task, self.cfg.seed + it,
+                                              id_prefix=f"it{it}:")
         if not mined:
             raise DataError(f"dpo iteration {it + 1}: no pair to train on: of {counts['tasks']} tasks × {d.k} "
                             f"attempts, {counts['tasks_all_success']} succeeded every time and "
@@ -512,19 +525,27 @@ def _build(cfg: DPORunConfig, ctx: RunContext, prepared: list[list[TokenTrajecto
                             "rollout.temperature")
         return _records(mined), {k: float(v) for k, v in counts.items()}
 
-    def render(records: list[Any]) -> list[list[TokenTrajectory]]:
-        units = []
-        for rec in records:
-            pid = rec["pair"]["id"]
-            units.append([TokenTrajectory(**row, traj_id=pid, group=f"pair:{pid}", meta={"pair_role": role})
-                          for role, row in zip(("chosen", "rejected"), rec["rows"])])
-        return with_reference(units)
-
-    source = IterativeSource(mine=mine, render=render, load=json.loads, dump=lambda r: json.dumps(r),
-                             steps_per_iteration=cfg.train.steps // d.iterations, batch_size=cfg.train.batch_size,
-                             cache_dir=ctx.out / "dpo", keep_previous=False, seed=cfg.seed)
-    return Recipe(source=source, objective=objective, micro_batch_size=2 * cfg.train.micro_batch_size,
-                  shown=shown, plot=plot)
+    def _mine_steps(self, it: int, model: Any, root: list[Any]) -> tuple[list[MinedPair], dict[str, int]]:
+        """States are each task's start plus prefixes of one spine episode (``pick_spine``); from each
+        state ``dpo.k`` continuations are rolled out, and their first actions are compared."""
+        d = self.d
+        by_task: dict[str, list[Any]] = defaultdict(list)
+        for e in root:
+            by_task[_task_key(e)].append(e)
+        states = [(t.id, 0, by_task[t.id]) for t in self.tasks]
+        starts: list[tuple[Any, list[Any]]] = []
+        for t in self.tasks:
+            spine = pick_spine(by_task[t.id])
+            if spine is not None:
+                starts += [(t, p) for p in state_prefixes(spine, d.states_per_task)]
+        if starts:
+            eps = agent_loop.run_rollouts(model, self.tok, self.factory,
+                                          [t for t, _ in starts for _ in range(d.k)], self.ro,
+                                          seed=self.cfg.seed * 1_000_003 + 7_777 + it, renderer=self.ctx.renderer,
+                                          prefixes=[p for _, p in starts for _ in range(d.k)])
+            for j, (t, p) in enumerate(starts):
+                states.append((t.id, sum(m.role == "assistant" for m in p), eps[j * d.k:(j + 1) * d.k]))
+        return mine_step_pairs(states, d.value_gap, id_prefix=f"it{it}:")
 
 
 register_algorithm(Algorithm("dpo", DPORunConfig, "preference optimisation on pairs from a file or mined from "

@@ -29,9 +29,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Union
-
-from pydantic import Field
+from typing import Any
 
 from trajtune.config import read_config, validate_config, with_overrides
 from trajtune.errors import ConfigError
@@ -120,13 +118,6 @@ def get_algorithm(name: str) -> Algorithm:
     if name not in known:
         raise ConfigError(f"unknown algorithm {name!r}; known: {', '.join(sorted(known))}")
     return known[name]
-
-
-def run_config_union() -> Any:
-    """``Annotated[Union[...], Field(discriminator="algorithm")]`` over the registered configs (for
-    typing, schemas and docs; loading dispatches on the tag directly for clearer errors)."""
-    classes = tuple(a.config for a in algorithms().values())
-    return Annotated[Union[classes], Field(discriminator="algorithm")]  # type: ignore[valid-type]
 
 
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trajtune import errors
+from trajtune.chat.parsers import detect_parser, parse_tool_calls
 from trajtune.chat.profile import (
     PROBE_ARG_VALUE,
     PROBE_CALL_ID,
@@ -275,8 +276,6 @@ class ChatRenderer:
                           "pythonic were tried); pass a template with --template FILE / model.chat_template")
 
     def _native_roundtrip_problem(self) -> str | None:
-        from trajtune.chat.parsers import detect_parser, parse_tool_calls
-
         parser = detect_parser(self.template)
         if parser is None:
             return "no tool-call parser recognises the template's call format"
@@ -307,8 +306,6 @@ class ChatRenderer:
         """The format for a template that lists the tools but never reads ``tool_calls``, where its
         source shows a call syntax one format writes (LFM2's ``<|tool_call_start|>``): that format,
         if its probe conversation renders and its calls parse back; else None."""
-        from trajtune.chat.parsers import detect_parser, parse_tool_calls
-
         parser = detect_parser(self.template)
         call = ToolCall(id=PROBE_CALL_ID, name=PROBE_TOOL_NAME, arguments={"zq_key": PROBE_ARG_VALUE})
         for fmt in TOOL_FORMATS.values():
@@ -391,8 +388,6 @@ class ChatRenderer:
         """The registered parser that reads this renderer's tool calls back from model text."""
         if self.format is not None:
             return self.format.parser
-        from trajtune.chat.parsers import detect_parser
-
         return detect_parser(self.template)
 
     # -- text -------------------------------------------------------------------------------

@@ -85,18 +85,6 @@ def strip_jinja_comments(template: str) -> str:
     return _JINJA_COMMENT.sub("", template)
 
 
-def reasoning_mode(template: str) -> str:
-    """Where a template wants reasoning, judged from its source alone: ``field`` (reads
-    ``reasoning_content``), ``inline`` (expects ``<think>`` inside the content, e.g. DeepSeek-R1 style),
-    or ``drop`` (knows nothing of it). Comments are ignored. ``probe_template`` refines this by rendering."""
-    code = strip_jinja_comments(template)
-    if "reasoning_content" in code:
-        return "field"
-    if "<think>" in code or "</think>" in code:
-        return "inline"
-    return "drop"
-
-
 def special_strings(tokenizer: Any) -> list[str]:
     """Special and added token strings, longest first (for matching at a text position)."""
     out: set[str] = set(getattr(tokenizer, "all_special_tokens", None) or [])

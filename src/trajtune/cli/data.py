@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,7 +27,7 @@ import typer
 from trajtune.errors import DataError, OutputError, UsageError, require_input
 from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem, open_data
-from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory
+from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory, atomic_write_text, iter_jsonl, parse_trajectory
 
 data_app = typer.Typer(
     help="Validate, convert and prepare trajectory datasets.\n\nExample: trajtune data validate data.jsonl",
@@ -87,6 +88,7 @@ def _format(name: str) -> Any:
 
 def _valid(path: Path) -> Any:
     """The validation rules as a record check, so outputs hold only what `data validate` accepts."""
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.validate import record_check
 
     return record_check(path)
@@ -142,6 +144,7 @@ def validate(
 
     Example: trajtune data validate train.jsonl --strict
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.validate import iter_findings
 
     report: list[dict[str, Any]] = []
@@ -295,97 +298,126 @@ def stats(
 
     Example: trajtune data stats train.jsonl --model ./tokenizer
     """
-    from trajtune.validate import validate_trajectory
-
     tok = None
     with _path_errors():
         _input(input)
         if model:
-            from trajtune.models.errors import ModelLoadError
-            from trajtune.models.resolve import resolve_model
-
-            try:
-                from transformers import AutoTokenizer
-
-                tok = AutoTokenizer.from_pretrained(resolve_model(model).path)
-            except ModelLoadError as e:  # says its own fix
-                raise ModelLoadError(f"could not load tokenizer {model!r}: {e}") from None
-            except Exception as e:  # missing/invalid tokenizer is a user error
-                raise ModelLoadError(f"could not load tokenizer {model!r}: {type(e).__name__}: "
-                                     f"{str(e).splitlines()[0][:200]}") from None
+            tok = _stats_tokenizer(model)
         ls = LoadStats()
-        roles = Counter()
-        tools = Counter()
-        arg_status = Counter()
-        turns: list[int] = []
-        msgs_per: list[int] = []
-        tokens: list[int] = []
-        with_calls = 0
+        counts = _Counts()
         for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls):
-            msgs_per.append(len(traj.messages))
-            turns.append(sum(1 for m in traj.messages if m.role == "assistant"))
-            has = False
-            for m in traj.messages:
-                roles[m.role] += 1
-                for c in m.tool_calls or []:
-                    has = True
-                    tools[c.name] += 1
-            with_calls += has
-            # one finding per call for these rules, so counts are calls
-            by_rule = Counter(f.rule for f in validate_trajectory(traj, sft=False)
-                              if f.rule in ("E220", "E221", "W222", "W223"))
-            n_calls = sum(len(m.tool_calls or []) for m in traj.messages)
-            arg_status["invalid_json_or_type"] += by_rule["E220"] + by_rule["E221"]
-            arg_status["double_encoded"] += by_rule["W222"]
-            arg_status["schema_violation"] += by_rule["W223"]
-            arg_status["calls"] += n_calls
-            if tok is not None:
-                tokens.append(_token_length(tok, traj))
-    n = len(msgs_per)
-    out: dict[str, Any] = {
-        "file": str(input), "format": ls.format, "records": n, "invalid_records": ls.skipped,
-        "invalid_by_rule": dict(ls.by_rule),
-        "messages": {"total": sum(msgs_per), "mean": round(statistics.fmean(msgs_per), 2) if n else 0, "by_role": dict(roles)},
-        "assistant_turns": {"mean": round(statistics.fmean(turns), 2) if n else 0, "max": max(turns, default=0)},
-        "records_with_tool_calls": with_calls,
-        "tool_calls": arg_status["calls"],
-        "tool_usage": dict(tools.most_common(top)),
-        "arguments": {"calls": arg_status["calls"], "invalid": arg_status["invalid_json_or_type"],
-                      "double_encoded": arg_status["double_encoded"], "schema_violations": arg_status["schema_violation"]},
-    }
-    if tok is not None:
-        out["tokens"] = {"min": min(tokens, default=0), "mean": round(statistics.fmean(tokens), 1) if tokens else 0,
-                         "p50": _percentile(tokens, 0.5), "p95": _percentile(tokens, 0.95), "max": max(tokens, default=0),
-                         "total": sum(tokens)}
+            counts.add(traj, tok)
+    out = _stats_summary(input, ls, counts, top, tokens=tok is not None)
     if as_json:
         typer.echo(json.dumps(out, ensure_ascii=False, indent=1))
         return
+    _print_stats(input, ls, counts, out, top)
+
+
+def _stats_tokenizer(model: str) -> Any:
+    """The tokenizer for token lengths; one that cannot be loaded is the user's to fix (exit 4), not a bug."""
+    # lazy: the CLI's start-up loads only the command modules, not what they run
+    from trajtune.models.errors import ModelLoadError
+    from trajtune.models.loading import read_tokenizer
+    from trajtune.models.resolve import resolve_model
+
+    try:
+        return read_tokenizer(resolve_model(model).path, user_errors=())
+    except ModelLoadError as e:  # says its own fix
+        raise ModelLoadError(f"could not load tokenizer {model!r}: {e}") from None
+    except Exception as e:  # missing/invalid tokenizer is a user error
+        raise ModelLoadError(f"could not load tokenizer {model!r}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:200]}") from None
+
+
+@dataclass
+class _Counts:
+    """What ``data stats`` counts over a file, one record at a time (the file is streamed)."""
+
+    roles: Counter[str] = field(default_factory=Counter)
+    tools: Counter[str] = field(default_factory=Counter)
+    arg_status: Counter[str] = field(default_factory=Counter)
+    turns: list[int] = field(default_factory=list)
+    msgs_per: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    with_calls: int = 0
+
+    def add(self, traj: Trajectory, tok: Any) -> None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
+        from trajtune.validate import validate_trajectory
+
+        self.msgs_per.append(len(traj.messages))
+        self.turns.append(sum(1 for m in traj.messages if m.role == "assistant"))
+        has = False
+        for m in traj.messages:
+            self.roles[m.role] += 1
+            for c in m.tool_calls or []:
+                has = True
+                self.tools[c.name] += 1
+        self.with_calls += has
+        # one finding per call for these rules, so counts are calls
+        by_rule = Counter(f.rule for f in validate_trajectory(traj, sft=False)
+                          if f.rule in ("E220", "E221", "W222", "W223"))
+        n_calls = sum(len(m.tool_calls or []) for m in traj.messages)
+        self.arg_status["invalid_json_or_type"] += by_rule["E220"] + by_rule["E221"]
+        self.arg_status["double_encoded"] += by_rule["W222"]
+        self.arg_status["schema_violation"] += by_rule["W223"]
+        self.arg_status["calls"] += n_calls
+        if tok is not None:
+            self.tokens.append(_token_length(tok, traj))
+
+
+def _stats_summary(input: Path, ls: LoadStats, c: _Counts, top: int, *, tokens: bool) -> dict[str, Any]:
+    """The statistics as the JSON ``--json`` prints (the table shows the same numbers)."""
+    n = len(c.msgs_per)
+    out: dict[str, Any] = {
+        "file": str(input), "format": ls.format, "records": n, "invalid_records": ls.skipped,
+        "invalid_by_rule": dict(ls.by_rule),
+        "messages": {"total": sum(c.msgs_per), "mean": round(statistics.fmean(c.msgs_per), 2) if n else 0, "by_role": dict(c.roles)},
+        "assistant_turns": {"mean": round(statistics.fmean(c.turns), 2) if n else 0, "max": max(c.turns, default=0)},
+        "records_with_tool_calls": c.with_calls,
+        "tool_calls": c.arg_status["calls"],
+        "tool_usage": dict(c.tools.most_common(top)),
+        "arguments": {"calls": c.arg_status["calls"], "invalid": c.arg_status["invalid_json_or_type"],
+                      "double_encoded": c.arg_status["double_encoded"], "schema_violations": c.arg_status["schema_violation"]},
+    }
+    if tokens:
+        t = c.tokens
+        out["tokens"] = {"min": min(t, default=0), "mean": round(statistics.fmean(t), 1) if t else 0,
+                         "p50": _percentile(t, 0.5), "p95": _percentile(t, 0.95), "max": max(t, default=0),
+                         "total": sum(t)}
+    return out
+
+
+def _print_stats(input: Path, ls: LoadStats, c: _Counts, out: dict[str, Any], top: int) -> None:
+    """The summary table, then a histogram of tool usage."""
     from rich.console import Console
     from rich.table import Table
 
     console = Console(width=max(100, Console().width))
+    n = out["records"]
     t = Table(title=f"{input} ({ls.format})", show_header=False)
     t.add_column("k")
     t.add_column("v")
     t.add_row("records", f"{n} (+{ls.skipped} invalid)" if ls.skipped else str(n))
     t.add_row("messages", f"{out['messages']['total']} (mean {out['messages']['mean']}/record) " +
-              ", ".join(f"{k}={v}" for k, v in sorted(roles.items())))
+              ", ".join(f"{k}={v}" for k, v in sorted(c.roles.items())))
     t.add_row("assistant turns", f"mean {out['assistant_turns']['mean']}, max {out['assistant_turns']['max']}")
-    t.add_row("tool calls", f"{arg_status['calls']} in {with_calls} records")
+    t.add_row("tool calls", f"{c.arg_status['calls']} in {c.with_calls} records")
     a = out["arguments"]
     t.add_row("arguments", f"invalid {a['invalid']}, double-encoded {a['double_encoded']}, schema violations {a['schema_violations']}")
-    if tok is not None:
+    if "tokens" in out:
         tk = out["tokens"]
         t.add_row("tokens", f"min {tk['min']}, mean {tk['mean']}, p50 {tk['p50']:.0f}, p95 {tk['p95']:.0f}, max {tk['max']}")
     console.print(t)
-    if tools:
+    if c.tools:
         h = Table(title="tool usage")
         h.add_column("tool")
         h.add_column("calls", justify="right")
         h.add_column("")
-        peak = max(tools.values())
-        for name, c in tools.most_common(top):
-            h.add_row(name, str(c), "█" * max(1, round(30 * c / peak)))
+        peak = max(c.tools.values())
+        for name, k in c.tools.most_common(top):
+            h.add_row(name, str(k), "█" * max(1, round(30 * k / peak)))
         console.print(h)
 
 
@@ -613,8 +645,8 @@ def pairs(
     """
     from types import SimpleNamespace
 
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.algorithms.dpo import mine_trajectory_pairs, pairs_to_jsonl
-    from trajtune.schema import atomic_write_text, iter_jsonl, parse_trajectory
 
     with _path_errors():
         _input(input)
@@ -663,8 +695,8 @@ def plant_canaries_cmd(
 
     Example: trajtune data plant-canaries --in train.jsonl --out train.canaries.jsonl --n 20 --seed 1
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.safety.canaries import plant_canaries
-    from trajtune.schema import atomic_write_text
 
     sidecar_path = canaries if canaries is not None else output.parent / "canaries.json"
     with _path_errors():

@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 
 from trajtune.chat.parsers import available_parsers
+from trajtune.cli.eval_cmd import render_overrides
+from trajtune.errors import DataError, ModelLoadError, UsageError, require_input
 
 
 def doctor_cmd(
@@ -35,10 +37,10 @@ def doctor_cmd(
 
     Example: trajtune doctor --model Qwen/Qwen2.5-0.5B-Instruct --set render.tool_format=native --json
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.chat.doctor import check_template, report_json
-    from trajtune.cli.eval_cmd import render_overrides
     from trajtune.config import load_render
-    from trajtune.errors import DataError, ModelLoadError, UsageError, require_input
+    from trajtune.models.loading import read_tokenizer
     from trajtune.models.resolve import resolve_model
 
     if non_prefix not in ("error", "split"):
@@ -59,9 +61,7 @@ def doctor_cmd(
     except ModelLoadError as e:  # unknown alias, missing or corrupt GGUF, missing package: says its own fix
         raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {e}") from None
     try:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(path)
+        tok = read_tokenizer(path, user_errors=())
     except Exception as e:  # missing path, no network, not a tokenizer: a user error, not a traceback
         raise ModelLoadError(f"cannot load a tokenizer from --model {model!r}: {type(e).__name__}: {e} (hint: pass a "
                              "local directory containing tokenizer.json / tokenizer_config.json, or a Hugging Face "

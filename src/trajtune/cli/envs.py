@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from trajtune.errors import UsageError
+
 envs_app = typer.Typer(
     help="List and describe environments.\n\nExample: trajtune envs show workspace",
     no_args_is_help=True,
@@ -27,6 +29,7 @@ def list_command(
 
     Example: trajtune envs list
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.envs import list_envs
 
     rows = []
@@ -51,8 +54,8 @@ def show_command(
 
     Example: trajtune envs show sokoban --seed 3
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.envs import make_env
-    from trajtune.errors import UsageError
 
     env = make_env(name)  # an unknown name is an EnvError naming the known ones
     if split not in ("train", "test"):

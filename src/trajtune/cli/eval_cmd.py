@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from trajtune.errors import UsageError
 from trajtune.progress import console
+
+if TYPE_CHECKING:
+    from trajtune.eval.harness import EvalSettings
 
 
 def _env_kwargs(items: list[str] | None) -> dict[str, Any]:
@@ -32,6 +35,7 @@ def _env_kwargs(items: list[str] | None) -> dict[str, Any]:
 
 def render_overrides(items: list[str] | None) -> dict[str, Any]:
     """``--set render.KEY=VALUE`` options as the ``render`` mapping (values parsed as YAML)."""
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import ConfigError, apply_overrides
 
     data = apply_overrides({}, items or [])
@@ -50,12 +54,21 @@ def assistant_prefix_text(text: str | None, file: Path | None, render: dict[str,
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} both set the assistant prefix; give one")
     if file is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.safety.ping import load_prefix
 
         return load_prefix(str(file))
     if text is not None and not text:
         raise UsageError("--assistant-prefix is empty; leave it out for no prefix")
     return text
+
+
+def _check_modes(resuming: bool, out: Path | None, benchmark: str | None, suite: str | None, tasks: int | None,
+                 limit: int | None) -> None:
+    """Options that would do nothing in this mode are refused before anything loads."""
+    if resuming and out is None:
+        raise UsageError("--resume and --overwrite act on --out; give --out DIR")
+    _count_options(benchmark, suite, tasks, limit)
 
 
 def _count_options(benchmark: str | None, suite: str | None, tasks: int | None, limit: int | None) -> None:
@@ -69,85 +82,130 @@ def _count_options(benchmark: str | None, suite: str | None, tasks: int | None, 
                          f"counted with --tasks (use --tasks {limit})")
 
 
+# The options of `trajtune eval`, named once here so the command's signature stays one line per option
+# (typer reads an Annotated alias exactly like an inline one: same flags, help and defaults).
+_ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir), or openai:URL for an OpenAI-compatible endpoint.")]
+_EnvOpt = Annotated[Optional[str], typer.Option("--env", "-e", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
+                                                 "'{gym: mymod:Game}' / '{mcp: {command: [python, srv.py], tasks_file: t.jsonl}}' / "
+                                                 "'{python_tools: mymod:Tools, kwargs: {...}}', or a YAML file with one (docs/envs.md).")]
+_BenchmarkOpt = Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark (an eval-suite plug-in): bfcl, textworld, or one an installed package adds (docs/envs.md, Plug-ins).")]
+_CategoriesOpt = Annotated[Optional[str], typer.Option(
+    "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
+                         "or groups (single_turn, multi_turn, live, non_live, all). Default: all.")]
+_NTasksOpt = Annotated[Optional[int], typer.Option("--tasks", help="Held-out environment tasks to run "
+                                                   "(default 64; BFCL takes --limit).")]
+_SplitOpt = Annotated[str, typer.Option(help="The environment's tasks to draw: test (held out), or train for a "
+                                             "validation score that leaves the test tasks unseen while choosing "
+                                             "settings (pick a --seed your training did not use).")]
+_LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="BFCL: first N entries of each category.")]
+_NOpt = Annotated[int, typer.Option("--n", help="Samples per task (for pass@k).")]
+_KOpt = Annotated[Optional[list[int]], typer.Option("--k", help="pass@k values to report (repeatable).")]
+_TemperatureOpt = Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy.")]
+_TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")]
+_BestOfOpt = Annotated[Optional[int], typer.Option(
+    "--best-of", help="Draw N candidates per task and keep the one the verifier picks.")]
+_VerifierOpt = Annotated[Optional[str], typer.Option(
+    "--verifier", help="Best-of-N selector: env (oracle upper bound), reward, majority (default), first, "
+                       "or package.module:factory.")]
+_WorkersOpt = Annotated[int, typer.Option("--workers", "-w", help="Environments stepped in parallel.")]
+_MaxTurnsOpt = Annotated[Optional[int], typer.Option(help="Turn limit per episode (default: the environment's).")]
+_MaxNewTokensOpt = Annotated[int, typer.Option(help="Token limit per assistant turn.")]
+_MaxLengthOpt = Annotated[Optional[int], typer.Option(
+    help="Token limit per episode. Default: the model's context length; a larger value is clamped to it "
+         "(with a warning).")]
+_BatchSizeOpt = Annotated[int, typer.Option(help="Episodes generated together.")]
+_ParserOpt = Annotated[str, typer.Option(help="Tool-call parser; auto = the one of the render tool format.")]
+_TemplateOpt = Annotated[Optional[Path], typer.Option(
+    "--template", help="Jinja chat template file to use instead of the tokenizer's own.")]
+_SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Render option: --set render.tool_format=hermes (repeatable; see `trajtune doctor`).")]
+_AssistantPrefixOpt = Annotated[Optional[str], typer.Option(
+    "--assistant-prefix", help="Text put right after the assistant header of every agent turn (a prefix "
+                               "injection guard; same as --set render.assistant_prefix=TEXT; docs/ping.md).")]
+_AssistantPrefixFileOpt = Annotated[Optional[Path], typer.Option(
+    "--assistant-prefix-file", help="A ping.json from `trajtune ping`: its best prefix is the assistant prefix.")]
+_DeviceOpt = Annotated[str, typer.Option(help="Where the model runs: auto (GPU if there is one), cpu, cuda, cuda:1, ...")]
+_EnvArgOpt = Annotated[Optional[list[str]], typer.Option("--env-arg", help="Environment argument key=value (repeatable).")]
+_SeedOpt = Annotated[int, typer.Option(help="Task and sampling seed.")]
+_OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for run.json, episodes.jsonl, results.json.")]
+_ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue the evaluation in --out, skipping finished episodes.")]
+_OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace the evaluation in --out.")]
+_QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Only the results JSON on stdout: no progress bar, "
+                                                             "no summary table.")]
+_EndpointModelOpt = Annotated[str, typer.Option(
+    "--endpoint-model", help="With --model openai:URL: the model name sent to the endpoint.")]
+_ReportOpt = Annotated[bool, typer.Option("--report/--no-report", help="With --out: write --out/report.html (see "
+                                                                       "`trajtune report`) at the end.")]
+_JudgeOpt = Annotated[Optional[str], typer.Option(
+    "--judge", help="An LLM judge scores every episode: openai:URL (an OpenAI-compatible endpoint, e.g. "
+                    "`trajtune serve`) or a local model (alias, path, HF id) run in-process. Adds metrics.judge "
+                    "and metadata.judge per episode (docs/eval.md).")]
+_JudgeModelOpt = Annotated[Optional[str], typer.Option(
+    "--judge-model", help="With --judge openai:URL: the model name sent to the judge (default: default).")]
+_JudgeRubricOpt = Annotated[Optional[Path], typer.Option(
+    "--judge-rubric", help="A text/Markdown rubric file for the judge (default: a built-in 0-10 rubric for agent "
+                           "trajectories).")]
+_JudgeMaxTokensOpt = Annotated[Optional[int], typer.Option(
+    "--judge-max-tokens", help="Token limit of the judge's reply (default 256).")]
+_ExperiencesOpt = Annotated[Optional[Path], typer.Option(
+    "--experiences", help="Put the lessons of a tfgrpo run (its directory or experiences.json) in the system "
+                          "prompt, as the run's rollouts had them (docs/algorithms.md, Training-free GRPO).")]
+_BayesLoraOpt = Annotated[Optional[int], typer.Option(
+    "--bayes-lora", help="BayesLoRA: K stochastic passes per episode with dropout on in the LoRA layers only "
+                         "(--model must be a LoRA adapter trained with lora.dropout > 0). Adds "
+                         "metrics.uncertainty and metadata.uncertainty per episode (docs/probes.md).")]
+_SuiteOpt = Annotated[Optional[str], typer.Option(
+    "--suite", help="safety: also run the safety environment (harmful requests to refuse, benign twins to do; "
+                    "--tasks of them) next to --env (default home) and report harmful compliance, refusal rate, "
+                    "benign success and over-refusal (docs/safety.md).")]
+_RefusalJudgeOpt = Annotated[Optional[str], typer.Option(
+    "--refusal-judge", help="Who decides whether the agent refused in the safety environment: openai:URL|MODEL "
+                            "or a local model (default: phrase rules). Judge failures fall back to the rules and "
+                            "are counted.")]
+
+
+
 def eval_(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model alias, .gguf file, HF id or local path (a full model or a LoRA adapter dir), or openai:URL for an OpenAI-compatible endpoint.")],
-    env: Annotated[Optional[str], typer.Option("--env", "-e", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
-                                                "'{gym: mymod:Game}' / '{mcp: {command: [python, srv.py], tasks_file: t.jsonl}}' / "
-                                                "'{python_tools: mymod:Tools, kwargs: {...}}', or a YAML file with one (docs/envs.md).")] = None,
-    benchmark: Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark (an eval-suite plug-in): bfcl, textworld, or one an installed package adds (docs/envs.md, Plug-ins).")] = None,
-    categories: Annotated[Optional[str], typer.Option(
-        "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
-                             "or groups (single_turn, multi_turn, live, non_live, all). Default: all.")] = None,
-    n_tasks: Annotated[Optional[int], typer.Option("--tasks", help="Held-out environment tasks to run "
-                                                   "(default 64; BFCL takes --limit).")] = None,
-    split: Annotated[str, typer.Option(help="The environment's tasks to draw: test (held out), or train for a "
-                                            "validation score that leaves the test tasks unseen while choosing "
-                                            "settings (pick a --seed your training did not use).")] = "test",
-    limit: Annotated[Optional[int], typer.Option("--limit", help="BFCL: first N entries of each category.")] = None,
-    n: Annotated[int, typer.Option("--n", help="Samples per task (for pass@k).")] = 1,
-    k: Annotated[Optional[list[int]], typer.Option("--k", help="pass@k values to report (repeatable).")] = None,
-    temperature: Annotated[float, typer.Option("--temperature", "-t", help="Sampling temperature; 0 = greedy.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
-    best_of: Annotated[Optional[int], typer.Option(
-        "--best-of", help="Draw N candidates per task and keep the one the verifier picks.")] = None,
-    verifier: Annotated[Optional[str], typer.Option(
-        "--verifier", help="Best-of-N selector: env (oracle upper bound), reward, majority (default), first, "
-                           "or package.module:factory.")] = None,
-    workers: Annotated[int, typer.Option("--workers", "-w", help="Environments stepped in parallel.")] = 8,
-    max_turns: Annotated[Optional[int], typer.Option(help="Turn limit per episode (default: the environment's).")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Token limit per assistant turn.")] = 256,
-    max_length: Annotated[Optional[int], typer.Option(
-        help="Token limit per episode. Default: the model's context length; a larger value is clamped to it "
-             "(with a warning).")] = None,
-    batch_size: Annotated[int, typer.Option(help="Episodes generated together.")] = 16,
-    parser: Annotated[str, typer.Option(help="Tool-call parser; auto = the one of the render tool format.")] = "auto",
-    template: Annotated[Optional[Path], typer.Option(
-        "--template", help="Jinja chat template file to use instead of the tokenizer's own.")] = None,
-    set_: Annotated[Optional[list[str]], typer.Option(
-        "--set", help="Render option: --set render.tool_format=hermes (repeatable; see `trajtune doctor`).")] = None,
-    assistant_prefix: Annotated[Optional[str], typer.Option(
-        "--assistant-prefix", help="Text put right after the assistant header of every agent turn (a prefix "
-                                   "injection guard; same as --set render.assistant_prefix=TEXT; docs/ping.md).")] = None,
-    assistant_prefix_file: Annotated[Optional[Path], typer.Option(
-        "--assistant-prefix-file", help="A ping.json from `trajtune ping`: its best prefix is the assistant prefix.")] = None,
-    device: Annotated[str, typer.Option(help="Where the model runs: auto (GPU if there is one), cpu, cuda, cuda:1, ...")] = "auto",
-    env_arg: Annotated[Optional[list[str]], typer.Option("--env-arg", help="Environment argument key=value (repeatable).")] = None,
-    seed: Annotated[int, typer.Option(help="Task and sampling seed.")] = 0,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Directory for run.json, episodes.jsonl, results.json.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the evaluation in --out, skipping finished episodes.")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the evaluation in --out.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the results JSON on stdout: no progress bar, "
-                                                            "no summary table.")] = False,
-    endpoint_model: Annotated[str, typer.Option(
-        "--endpoint-model", help="With --model openai:URL: the model name sent to the endpoint.")] = "default",
-    report: Annotated[bool, typer.Option("--report/--no-report", help="With --out: write --out/report.html (see "
-                                                                      "`trajtune report`) at the end.")] = True,
-    judge: Annotated[Optional[str], typer.Option(
-        "--judge", help="An LLM judge scores every episode: openai:URL (an OpenAI-compatible endpoint, e.g. "
-                        "`trajtune serve`) or a local model (alias, path, HF id) run in-process. Adds metrics.judge "
-                        "and metadata.judge per episode (docs/eval.md).")] = None,
-    judge_model: Annotated[Optional[str], typer.Option(
-        "--judge-model", help="With --judge openai:URL: the model name sent to the judge (default: default).")] = None,
-    judge_rubric: Annotated[Optional[Path], typer.Option(
-        "--judge-rubric", help="A text/Markdown rubric file for the judge (default: a built-in 0-10 rubric for agent "
-                               "trajectories).")] = None,
-    judge_max_tokens: Annotated[Optional[int], typer.Option(
-        "--judge-max-tokens", help="Token limit of the judge's reply (default 256).")] = None,
-    experiences: Annotated[Optional[Path], typer.Option(
-        "--experiences", help="Put the lessons of a tfgrpo run (its directory or experiences.json) in the system "
-                              "prompt, as the run's rollouts had them (docs/algorithms.md, Training-free GRPO).")] = None,
-    bayes_lora: Annotated[Optional[int], typer.Option(
-        "--bayes-lora", help="BayesLoRA: K stochastic passes per episode with dropout on in the LoRA layers only "
-                             "(--model must be a LoRA adapter trained with lora.dropout > 0). Adds "
-                             "metrics.uncertainty and metadata.uncertainty per episode (docs/probes.md).")] = None,
-    suite: Annotated[Optional[str], typer.Option(
-        "--suite", help="safety: also run the safety environment (harmful requests to refuse, benign twins to do; "
-                        "--tasks of them) next to --env (default home) and report harmful compliance, refusal rate, "
-                        "benign success and over-refusal (docs/safety.md).")] = None,
-    refusal_judge: Annotated[Optional[str], typer.Option(
-        "--refusal-judge", help="Who decides whether the agent refused in the safety environment: openai:URL|MODEL "
-                                "or a local model (default: phrase rules). Judge failures fall back to the rules and "
-                                "are counted.")] = None,
+    model: _ModelOpt,
+    env: _EnvOpt = None,
+    benchmark: _BenchmarkOpt = None,
+    categories: _CategoriesOpt = None,
+    n_tasks: _NTasksOpt = None,
+    split: _SplitOpt = "test",
+    limit: _LimitOpt = None,
+    n: _NOpt = 1,
+    k: _KOpt = None,
+    temperature: _TemperatureOpt = 0.0,
+    top_p: _TopPOpt = 1.0,
+    best_of: _BestOfOpt = None,
+    verifier: _VerifierOpt = None,
+    workers: _WorkersOpt = 8,
+    max_turns: _MaxTurnsOpt = None,
+    max_new_tokens: _MaxNewTokensOpt = 256,
+    max_length: _MaxLengthOpt = None,
+    batch_size: _BatchSizeOpt = 16,
+    parser: _ParserOpt = "auto",
+    template: _TemplateOpt = None,
+    set_: _SetOpt = None,
+    assistant_prefix: _AssistantPrefixOpt = None,
+    assistant_prefix_file: _AssistantPrefixFileOpt = None,
+    device: _DeviceOpt = "auto",
+    env_arg: _EnvArgOpt = None,
+    seed: _SeedOpt = 0,
+    out: _OutOpt = None,
+    resume: _ResumeOpt = False,
+    overwrite: _OverwriteOpt = False,
+    quiet: _QuietOpt = False,
+    endpoint_model: _EndpointModelOpt = "default",
+    report: _ReportOpt = True,
+    judge: _JudgeOpt = None,
+    judge_model: _JudgeModelOpt = None,
+    judge_rubric: _JudgeRubricOpt = None,
+    judge_max_tokens: _JudgeMaxTokensOpt = None,
+    experiences: _ExperiencesOpt = None,
+    bayes_lora: _BayesLoraOpt = None,
+    suite: _SuiteOpt = None,
+    refusal_judge: _RefusalJudgeOpt = None,
 ) -> None:
     """Evaluate a model: success, pass@k, reward, format errors, tool-call accuracy, turns, per category.
 
@@ -166,64 +224,107 @@ def eval_(
     Example: trajtune eval --model runs/demo/sft/final --env home --suite safety --tasks 40 --out runs/eval-safety
     Example: trajtune eval --model runs/demo/sft/final --env safety --assistant-prefix-file runs/ping/ping.json --out runs/eval-ping
     """
-    from trajtune.eval.harness import EvalSettings
-    from trajtune.eval.run import run_eval
+    from trajtune.eval.run import run_eval  # imports torch; kept off the CLI's start-up
 
-    if (resume or overwrite) and out is None:
-        raise UsageError("--resume and --overwrite act on --out; give --out DIR")
-    _count_options(benchmark, suite, n_tasks, limit)
+    _check_modes(resume or overwrite, out, benchmark, suite, n_tasks, limit)
     env_kwargs = _env_kwargs(env_arg)
-    render = render_overrides(set_)
-    prefix = assistant_prefix_text(assistant_prefix, assistant_prefix_file, render)
-    if prefix is not None:
-        render["assistant_prefix"] = prefix
-    if env is not None:
-        from trajtune.config import env_from_cli
-
-        spec = env_from_cli(env, env_kwargs)
-        env, env_kwargs = spec.name, spec.kwargs
-    settings = EvalSettings(
+    render, prefix = _render_options(set_, assistant_prefix, assistant_prefix_file)
+    settings = _eval_settings(dict(
         model=model, env=env, benchmark=benchmark,
         categories=[c.strip() for c in categories.split(",") if c.strip()] if categories else None,
-        env_kwargs=env_kwargs, tasks=64 if n_tasks is None else n_tasks, split=split, limit=limit, n=n, ks=k or [1], temperature=temperature,
-        top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
+        env_kwargs=env_kwargs, tasks=64 if n_tasks is None else n_tasks, split=split, limit=limit, n=n, ks=k or [1],
+        temperature=temperature, top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
         workers=workers, template=str(template) if template else None, render=render,
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
-        judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora, suite=suite, refusal_judge=refusal_judge)
+        judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora, suite=suite, refusal_judge=refusal_judge),
+        experiences)
+    backend = _endpoint_backend(settings, endpoint_model, temperature, workers,
+                                prompt_options=template is not None or bool(set_) or prefix is not None)
+    results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet, backend=backend)
+    _write_results(results, out, quiet, report)
+
+
+def _render_options(set_: list[str] | None, text: str | None, file: Path | None) -> tuple[dict[str, Any], str | None]:
+    """The ``render`` mapping from ``--set render.*`` with the assistant prefix, wherever it was given, in it."""
+    render = render_overrides(set_)
+    prefix = assistant_prefix_text(text, file, render)
+    if prefix is not None:
+        render["assistant_prefix"] = prefix
+    return render, prefix
+
+
+def _eval_settings(fields: dict[str, Any], experiences: Path | None) -> EvalSettings:
+    """The command's options as ``EvalSettings``: an ``--env`` spec is resolved to its registered name
+    and arguments, and a tfgrpo run's lessons are loaded, before anything runs."""
+    # lazy: the CLI's start-up loads only the command modules, not what they run
+    from trajtune.eval.harness import EvalSettings
+
+    if fields["env"] is not None:
+        from trajtune.config import env_from_cli  # config imports torch; kept off the CLI's start-up
+
+        spec = env_from_cli(fields["env"], fields["env_kwargs"])
+        fields["env"], fields["env_kwargs"] = spec.name, spec.kwargs
+    settings = EvalSettings(**fields)
     if experiences is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.envs.adapters.experiences import load_experiences
 
         settings.experiences = load_experiences(experiences)
-    backend = None
-    if model.startswith("openai:"):
-        from trajtune.envs.adapters.openai_policy import endpoint_policy
-        from trajtune.eval.backends import endpoint_backend
+    return settings
 
-        if template is not None or set_ or prefix is not None:
-            raise UsageError("--template, --set render.* and --assistant-prefix(-file) shape the prompt of a local "
-                             "model; an endpoint renders its own")
-        settings.parser = "hermes"
-        backend = endpoint_backend(endpoint_policy(model, endpoint_model, temperature, option="--model"),
-                                   workers=workers)
-    results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet, backend=backend)
-    shown = {k: v for k, v in results.items() if k != "settings"}  # run.json / results.json keep them
-    if "best_of" in shown:
-        shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
+
+def _endpoint_backend(settings: EvalSettings, endpoint_model: str, temperature: float, workers: int,
+                      prompt_options: bool) -> Any:
+    """The backend of an ``openai:URL`` model (None for a local one). An endpoint renders its own
+    prompts, so options that shape a local model's prompt are refused rather than ignored."""
+    if not settings.model.startswith("openai:"):
+        return None
+    # lazy: the CLI's start-up loads only the command modules, not what they run
+    from trajtune.envs.adapters.openai_policy import endpoint_policy
+    from trajtune.eval.backends import endpoint_backend
+
+    if prompt_options:
+        raise UsageError("--template, --set render.* and --assistant-prefix(-file) shape the prompt of a local "
+                         "model; an endpoint renders its own")
+    settings.parser = "hermes"
+    return endpoint_backend(endpoint_policy(settings.model, endpoint_model, temperature, option="--model"),
+                            workers=workers)
+
+
+def _write_results(results: dict[str, Any], out: Path | None, quiet: bool, report: bool) -> None:
+    """Summary on stderr, then the HTML report, then the results JSON on stdout (the last thing written,
+    so ``trajtune eval ... > r.json`` gets the JSON alone)."""
+    _print_summary(results, quiet)
+    if out is not None and report:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
+        from trajtune.report import report_after_run
+
+        report_after_run(out, quiet)
+    typer.echo(json.dumps(_shown(results), indent=1, default=str, ensure_ascii=False))
+
+
+def _print_summary(results: dict[str, Any], quiet: bool) -> None:
+    """The summary tables on stderr (not with -q), and a warning about unreadable judge replies, which
+    is printed even with -q: a judge that cannot be read must not pass unnoticed."""
     if not quiet:
         console.print(summary_table(results))
         if "safety" in results:
             console.print(safety_table(results))
     failures = (results.get("metrics", {}).get("judge") or {}).get("parse_failures", 0)
-    if failures:  # even with -q: a judge that cannot be read must not pass unnoticed
+    if failures:
         console.print(f"[yellow]warning:[/yellow] the judge's reply had no score for {failures} of "
                       f"{results['metrics']['judge']['episodes']} episodes (counted in metrics.judge.parse_failures; "
                       "see metadata.judge.error in the episodes)", highlight=False, soft_wrap=True)
-    if out is not None and report:
-        from trajtune.report import report_after_run
 
-        report_after_run(out, quiet)
-    typer.echo(json.dumps(shown, indent=1, default=str, ensure_ascii=False))
+
+def _shown(results: dict[str, Any]) -> dict[str, Any]:
+    """The results JSON printed on stdout: without the settings and the best-of selections, which
+    run.json and results.json keep."""
+    shown = {k: v for k, v in results.items() if k != "settings"}
+    if "best_of" in shown:
+        shown["best_of"] = {k: v for k, v in shown["best_of"].items() if k != "selected"}
+    return shown
 
 
 def _pct(v: Any) -> str:

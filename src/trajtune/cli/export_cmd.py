@@ -7,6 +7,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from trajtune.progress import console
+
 
 def export_cmd(
     model: Annotated[str, typer.Option("--model", "-m", help="A LoRA adapter directory (adapter_config.json), or a "
@@ -24,8 +26,8 @@ def export_cmd(
 
     Example: trajtune export --model runs/rl --out exported/rl-bf16 --dtype bfloat16 --overwrite
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.models.export import export_adapter
-    from trajtune.progress import console
 
     def notify(message: str) -> None:
         console.print(message, soft_wrap=True, markup=False)

@@ -11,6 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from trajtune.cli.eval_cmd import _env_kwargs
+from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
+from trajtune.schema import AtomicJsonlWriter
+
 
 def generate(
     env: Annotated[str, typer.Option("--env", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
@@ -41,11 +45,9 @@ def generate(
 
     Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
-    from trajtune.cli.eval_cmd import _env_kwargs
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import env_from_cli
     from trajtune.envs import make_env
-    from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
-    from trajtune.schema import AtomicJsonlWriter
 
     spec = env_from_cli(env, _env_kwargs(env_arg))
     env, kwargs = spec.name, spec.kwargs
@@ -57,10 +59,12 @@ def generate(
     tasks = probe.tasks(split, n, seed)
     teacher = None
     if policy is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.envs.adapters.openai_policy import endpoint_policy
 
         teacher = endpoint_policy(policy, policy_model, temperature, option="--policy")
     if teacher is not None:
+        # lazy: the CLI's start-up loads only the command modules, not what they run
         from trajtune.envs.runner import run_episodes
 
         made = run_episodes(lambda: make_env(env, **kwargs), tasks, teacher)

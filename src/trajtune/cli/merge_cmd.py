@@ -9,6 +9,8 @@ import click
 import typer
 from typer.core import TyperCommand
 
+from trajtune.progress import console
+
 _MULTI = ("--models", "--weights")
 
 
@@ -75,8 +77,8 @@ def merge_cmd(
 
     Example: trajtune merge --base smollm2-135m --models runs/a/final runs/b/final --method ties --density 0.3 --weights 1 0.5 --out runs/ties
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.merge import MergeOptions, iter_summary_lines, merge_models
-    from trajtune.progress import console
 
     opts = MergeOptions(method=method, weights=weights, lam=lam, density=density, drop=drop,
                         dare_base=dare_base, seed=seed)

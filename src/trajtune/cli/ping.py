@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from trajtune.cli.eval_cmd import _env_kwargs, render_overrides
 from trajtune.progress import console
 
 
@@ -53,7 +54,7 @@ def ping_cmd(
 
     Example: trajtune ping --model Qwen/Qwen3-0.6B --proposer 'openai:http://127.0.0.1:8000/v1|default' --out runs/ping
     """
-    from trajtune.cli.eval_cmd import _env_kwargs, render_overrides
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import env_from_cli
     from trajtune.safety.ping import PingSettings, run_ping
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trajtune.errors import OutputError, UsageError
+from trajtune.schema import atomic_write_text
 
 probe_app = typer.Typer(
     help="Safety and retention probes: canary extraction (privacy), forgetting.\n\n"
@@ -39,8 +40,6 @@ def _check_out(out: Path | None, overwrite: bool) -> None:
 def _emit(result: dict[str, Any], out: Path | None) -> None:
     text = json.dumps(result, indent=1, ensure_ascii=False)
     if out is not None:
-        from trajtune.schema import atomic_write_text
-
         atomic_write_text(out, text + "\n")
     typer.echo(text)
 
@@ -60,6 +59,7 @@ def privacy(
 
     Example: trajtune probe privacy --model runs/sft/final --canaries data/canaries.json --out privacy.json
     """
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.models.loading import load_model, load_tokenizer, to_device
     from trajtune.safety.canaries import extraction_rate, load_sidecar
 
@@ -97,6 +97,7 @@ def forgetting(
 
     Example: trajtune probe forgetting --base smollm2-135m --model runs/sft/final --env home --n 20
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.safety.forgetting import forgetting_report
 
     if n < 1 or max_length < 2:

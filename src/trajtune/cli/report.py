@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from trajtune.progress import console
+
 
 def report_cmd(
     run_dir: Path = typer.Argument(..., help="A run's output_dir (sft, rl, rft, dpo), an `eval --out` directory, "
@@ -31,7 +33,7 @@ def report_cmd(
 
     Example: trajtune report runs/demo/eval-dir --out /tmp/eval.html --max-episodes 50
     """
-    from trajtune.progress import console
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.report import write_report
 
     path = write_report(run_dir, out, max_episodes=max_episodes, tokens=tokens)

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from trajtune import distributed
+from trajtune.cli.eval_cmd import eval_
 from trajtune.errors import UsageError
 
 
@@ -35,10 +37,9 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars 
 
 def _train(config: Path, set_: list[str] | None, algorithm: str | None, overwrite: bool, resume: bool,
            allow_config_change: bool, quiet: bool) -> None:
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.algorithms.registry import load_run_config
     from trajtune.train import run
-
-    from trajtune import distributed
 
     cfg = load_run_config(config, set_ or [], algorithm)
     result = run(cfg, overwrite=overwrite, resume=resume, quiet=quiet, allow_config_change=allow_config_change)
@@ -127,6 +128,7 @@ def demo(
 
     Example: trajtune demo --model smollm2-135m --out runs/demo-real --set sft_steps=60 --set rl_steps=8
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import apply_overrides
 
     extra = apply_overrides({}, set_ or [])
@@ -135,6 +137,7 @@ def demo(
         raise UsageError(f"--set {nested[0]}...: demo settings are flat keys, e.g. --set rl_lr=2e-4")
     common = {"n_train": n_train, "n_test": n_test, "sft_steps": sft_steps}
     if model is not None:
+        # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
         from trajtune.demo_real import run_real_demo
 
         if weak_sft_steps is not None or rl_steps is not None:
@@ -145,6 +148,7 @@ def demo(
     if resume:
         raise UsageError("--resume belongs to the real-model demo (--model); the tiny demo reruns with "
                          "`make demo-again` (--overwrite)")
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.demo import run_demo
 
     run_demo(out or Path("runs/demo"), overwrite=overwrite, seed=seed,
@@ -155,7 +159,5 @@ def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("sft")(sft)
     app.command("rl")(rl)
-    from trajtune.cli.eval_cmd import eval_
-
     app.command("eval")(eval_)
     app.command("demo")(demo)

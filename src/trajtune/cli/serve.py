@@ -7,7 +7,9 @@ from typing import Optional
 
 import typer
 
+from trajtune.cli.eval_cmd import render_overrides
 from trajtune.errors import UsageError
+from trajtune.progress import console
 
 
 def serve_cmd(
@@ -38,11 +40,10 @@ def serve_cmd(
 
     Example: trajtune data generate --env home --n 50 --policy openai:http://127.0.0.1:8000/v1 -o teacher.jsonl
     """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.chat.render import ChatRenderer
-    from trajtune.cli.eval_cmd import render_overrides
     from trajtune.config import load_render
     from trajtune.models.loading import load_model, load_tokenizer
-    from trajtune.progress import console
     from trajtune.serve import ChatService, make_server
     from trajtune.train import check_chat_template
 

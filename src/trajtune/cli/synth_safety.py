@@ -11,6 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from trajtune.errors import EnvError, OutputError, UsageError
+from trajtune.schema import AtomicJsonlWriter
+
 
 def synth_safety(
     out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file (IR trajectories).")],
@@ -31,9 +34,8 @@ def synth_safety(
 
     Example: trajtune data mix data/home.jsonl:0.8 data/safety.jsonl:0.2 -o data/mixed.jsonl
     """
-    from trajtune.errors import EnvError, OutputError, UsageError
+    # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.safety.synth import synth_safety as synth
-    from trajtune.schema import AtomicJsonlWriter
 
     if split not in ("train", "test"):
         raise UsageError(f"--split must be train or test, got {split!r}")

@@ -185,8 +185,10 @@ def normalize_action(msg: Any, taken_ids: set[str]) -> Message:
 
 
 @dataclass
-class Episode:
-    """The growing record of one episode (shared by the batched and single-episode loops)."""
+class _Live:
+    """The growing record of one episode in progress (shared by the batched and single-episode loops).
+    A finished one is a ``Trajectory``; ``rollout.Episode`` is the one finished-episode class, and
+    ``rollout._Live`` is this record's token-level counterpart."""
 
     env: Environment
     task: Task
@@ -265,8 +267,13 @@ def run_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Task], 
     ``(messages, tools) -> assistant Message`` (called concurrently, up to ``max_workers`` at a
     time, so API policies overlap their latency) or a ``BatchPolicy`` with ``act_batch``.
     ``max_turns`` defaults to the environment's own ``max_turns``.
+
+    Why a second loop beside ``rollout.run_rollouts``: that one drives a local model at the token
+    level (ids and log-probs as sampled, KV cache), which training needs; this one drives any policy
+    that only returns messages (experts, API models, black-box agents), with timeouts around resets
+    and policy calls. Both step environments through ``step_batch``.
     """
-    episodes = [Episode(env=env_factory(), task=t) for t in tasks]
+    episodes = [_Live(env=env_factory(), task=t) for t in tasks]
     resets = _call_with_timeout([(lambda e=e: e.env.reset(e.task)) for e in episodes], timeout_s, max_workers)
     for ep, r in zip(episodes, resets):
         ep.start(r)
@@ -279,7 +286,7 @@ def run_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Task], 
         if not active:
             break
         actions = _act(policy, active, max_workers)
-        stepping: list[tuple[Episode, Message]] = []
+        stepping: list[tuple[_Live, Message]] = []
         for ep, (ok, act) in zip(active, actions):
             if not ok:
                 ep.termination, ep.error = "policy_error", str(act)
@@ -296,7 +303,7 @@ def run_episodes(env_factory: Callable[[], Environment], tasks: Sequence[Task], 
     return [ep.finish(name) for ep in episodes]
 
 
-def _act(policy: Policy | BatchPolicy, active: list[Episode], max_workers: int) -> list[tuple[bool, Any]]:
+def _act(policy: Policy | BatchPolicy, active: list[_Live], max_workers: int) -> list[tuple[bool, Any]]:
     histories = [list(ep.messages) for ep in active]
     tools = [list(ep.tools) for ep in active]
     if isinstance(policy, BatchPolicy):
@@ -321,11 +328,13 @@ def _act(policy: Policy | BatchPolicy, active: list[Episode], max_workers: int) 
 
 
 def run_episode(env: Environment, task: Task, policy: Policy, *, max_turns: int | None = None) -> Trajectory:
-    """One episode in the calling thread, no timeout: for scripted experts and debugging.
+    """One episode in the calling thread, no timeout: for scripted experts and debugging. Kept beside
+    ``run_episodes`` because environments' own ``expert`` methods (``ToolEnv``, fncall) play a
+    scripted policy on themselves: no threads or timeouts to pay for, and it runs in the caller's thread.
 
     Exceptions from the environment are still recorded as ``env_error`` rather than raised.
     """
-    ep = Episode(env=env, task=task)
+    ep = _Live(env=env, task=task)
     try:
         ep.start(("ok", env.reset(task)))
     except Exception as e:  # noqa: BLE001

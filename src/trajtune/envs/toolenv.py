@@ -32,16 +32,6 @@ def assistant_text(text: str) -> Message:
     return Message(role="assistant", content=text)
 
 
-def last_tool_text(messages: list[Message]) -> str:
-    """The content of the most recent tool message (for scripted experts that read observations)."""
-    for m in reversed(messages):
-        if m.role == "tool":
-            return m.text()
-        if m.role == "assistant":
-            break
-    return ""
-
-
 class ToolEnv(Environment):
     """Shared mechanics of the built-in tool-calling environments."""
 

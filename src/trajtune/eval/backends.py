@@ -56,6 +56,7 @@ class HFBackend:
         self.parser, self.workers, self.step_timeout_s = parser, workers, step_timeout_s
 
     def _config(self, max_turns: int) -> Any:
+        # lazy: imports torch; eval.harness (settings and suites, used by the CLI) imports this module
         from trajtune.rollout import RolloutConfig
 
         return RolloutConfig(max_turns=max_turns, max_new_tokens=self.max_new_tokens, max_length=self.max_length,
@@ -64,6 +65,7 @@ class HFBackend:
 
     def rollout(self, env_factory: Callable[[], Environment], tasks: Sequence[Task], *, max_turns: int,
                 seed: int) -> list[Trajectory]:
+        # lazy: imports torch; eval.harness (settings and suites, used by the CLI) imports this module
         from trajtune.rollout import run_rollouts
 
         workers = self.workers
@@ -78,6 +80,7 @@ class HFBackend:
     def complete(self, prompts: Sequence[Prompt], *, seed: int) -> list[str | None]:
         import torch
 
+        # lazy: imports torch; eval.harness (settings and suites, used by the CLI) imports this module
         from trajtune.generation import sampler_for
         from trajtune.rollout import _generate  # the rollout's own sampler: same decoding as RL
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from trajtune.algorithms.registry import load_trained
 from trajtune.chat.render import ChatRenderer
 from trajtune.envs.base import Environment, Task
 from trajtune.errors import Interrupted, UsageError
@@ -16,6 +17,8 @@ from trajtune.eval.harness import build_suites, run_evaluation
 from trajtune.eval.metrics import summarize
 from trajtune.eval.store import EvalStore
 from trajtune.judge import make_judge
+from trajtune.models.loading import load_tokenizer, to_device
+from trajtune.models.resolve import ModelLoadError, resolve_model
 from trajtune.progress import bar, console
 from trajtune.rollout import Episode, RolloutConfig, run_rollouts
 from trajtune.schema import AtomicJsonlWriter, atomic_write_text
@@ -57,8 +60,6 @@ def model_context_length(name_or_path: str, tokenizer: Any) -> int | None:
     import json
 
     from transformers import AutoConfig
-
-    from trajtune.models.resolve import ModelLoadError, resolve_model
 
     limits = []
     try:
@@ -107,8 +108,6 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     tok = None
     renderer = None
     if backend is None:
-        from trajtune.models.loading import load_tokenizer
-
         tok = load_tokenizer(settings.model, settings.template)
         renderer = ChatRenderer(tok, settings.render_config())
         if settings.parser == "auto":  # the parser of the tool format the renderer writes calls in
@@ -133,10 +132,8 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
     scorers: list[Any] = []
     try:
         if backend is None:
-            from trajtune.algorithms.registry import load_trained  # a DualTune directory: all its adapters
-            from trajtune.models.loading import to_device
-
             try:
+                # load_trained: a DualTune directory loads all its adapters
                 model = to_device(load_trained(settings.model), settings.device)
             except BaseException:
                 if fresh and store is not None:

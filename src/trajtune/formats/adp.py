@@ -85,6 +85,29 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         raise ConversionError("missing 'content' list of ADP actions/observations",
                               hint='an ADP record is {"id": ..., "content": [{"class_": "text_observation", ...}], "details": {}}')
     tx: dict[str, Any] = {}
+    version = _schema_version(record, tx)
+    tid = take_record_id(record, "adp", tx)
+    details, reward = _record_fields(record, tx)
+    tools = _record_tools(record)
+
+    messages: list[Message] = []
+    pending: list[ToolCall] = []
+    needs_pairing: list[Message] = []
+    for i, it in enumerate(items):
+        messages.append(_item_to_message(it, f"content[{i}]", pending, needs_pairing))
+
+    traj = Trajectory(id=tid, messages=messages, tools=tools, metadata=details or {}, reward=reward,
+                      provenance=Provenance(source_format=NAME, source_version=version or "1",
+                                            record_id=tid if "id_absent" not in tx else None,
+                                            converter="trajtune.formats.adp"),
+                      extra={"adp": tx} if tx else {})
+    generate_call_ids(traj)
+    _pair_by_position(needs_pairing, version, report)
+    return traj, report
+
+
+def _schema_version(record: dict[str, Any], tx: dict[str, Any]) -> str | None:
+    """The record's ADP version; v1 has none, which is remembered so export writes none again."""
     version = record.get("schema_version")
     if version is not None:
         if not isinstance(version, str) or not version.startswith("1."):
@@ -93,7 +116,12 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         tx["schema_version"] = version
     else:
         tx["v1"] = True
-    tid = take_record_id(record, "adp", tx)
+    return version
+
+
+def _record_fields(record: dict[str, Any], tx: dict[str, Any]) -> tuple[dict[str, Any] | None, float | None]:
+    """``details`` and ``reward`` of the record; whatever the IR cannot hold (a non-dict ``details``, a
+    non-numeric reward, unknown top-level keys) is kept in ``tx`` so export restores it exactly."""
     details = record.get("details")
     if "details" not in record:
         tx["details_absent"] = True
@@ -110,6 +138,12 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
             tx["reward_int"] = isinstance(record["reward"], int)
         else:
             tx.setdefault("top", {})["reward"] = record["reward"]
+    return details, reward
+
+
+def _record_tools(record: dict[str, Any]) -> list[Any]:
+    """ADP 1.x tool specs are OpenAI-shaped, so the OpenAI reader parses them; their leftovers are
+    filed under ``adp`` because that is the format they came from."""
     tools = []
     if "tools" in record:
         if not isinstance(record["tools"], list):
@@ -117,126 +151,145 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
         tools = [_tool_to_ir(s, False) for s in record["tools"]]
         for t in tools:
             t.extra["adp"] = t.extra.pop("openai")
+    return tools
 
-    messages: list[Message] = []
-    pending: list[ToolCall] = []
-    needs_pairing: list[Message] = []
-    for i, it in enumerate(items):
-        where = f"content[{i}]"
-        expect_object(it, where)
-        cls = it.get("class_")
-        if not isinstance(cls, str) or cls not in _MAPPED:
-            raise ConversionError(f"{where}: unknown class_ {cls!r}", rule="E111",
-                                  hint=f"ADP classes: {', '.join(sorted(_MAPPED))}")
-        mx: dict[str, Any] = {"class_": cls}
-        keys = {k: v for k, v in it.items() if k not in _MAPPED[cls]}
-        if keys:
-            mx["keys"] = keys
-        for k in ("description", "tool_call_id", "reasoning_content", "reward", "name", "source"):
-            if k in _MAPPED[cls] and k not in it:
-                mx.setdefault("absent", []).append(k)
-            elif k in _MAPPED[cls] and it[k] is None:
-                mx.setdefault("null", []).append(k)
-        rwd = _num_or_none(it.get("reward"), where)
-        if isinstance(it.get("reward"), int):
-            mx["reward_int"] = True
-        tcid = _str_or_none(it.get("tool_call_id"), where, "tool_call_id")
-        if cls in _ACTIONS:
-            thought = _str_or_none(it.get("description"), where, "description")
-            rc = _str_or_none(it.get("reasoning_content"), where, "reasoning_content")
-            msg = Message(role="assistant", origin="agent", thought=thought, reasoning_content=rc, reward=rwd,
-                          extra={"adp": mx})
-            if cls == "api_action":
-                fn = it.get("function")
-                if not isinstance(fn, str) or not fn:
-                    raise ConversionError(f"{where}: api_action needs a 'function' name", rule="E111")
-                kw = it.get("kwargs")
-                call = ToolCall(id=tcid or "", name=fn)
-                if isinstance(kw, dict):
-                    call.arguments = kw
-                else:
-                    mx["kwargs_value"] = kw
-                msg.tool_calls = [call]
-                pending.append(call)
-            elif cls == "code_action":
-                lang, src = it.get("language"), it.get("content")
-                if not isinstance(lang, str) or not isinstance(src, str):
-                    raise ConversionError(f"{where}: code_action needs string 'language' and 'content'", rule="E230",
-                                          hint='e.g. {"class_": "code_action", "language": "python", "content": "print(1)"}')
-                call = ToolCall(id=tcid or "", name=code_tool_name(lang), arguments={"code": src},
-                                code=CodeAction(language=lang, source=src))
-                msg.tool_calls = [call]
-                pending.append(call)
-            else:
-                c = it.get("content")
-                if c is not None and not isinstance(c, str):
-                    raise ConversionError(f"{where}: message_action content must be a string", rule="E204")
-                msg.content = c
-            messages.append(msg)
-            continue
-        # observations
-        source = it.get("source")
-        if source is not None and source not in ("user", "agent", "environment"):
-            mx["source_value"] = source
-        name = _str_or_none(it.get("name"), where, "name")
-        content: Any
-        if cls == "text_observation":
-            c = it.get("content")
-            if c is not None and not isinstance(c, str):
-                raise ConversionError(f"{where}: text_observation content must be a string", rule="E204")
-            content = c
-        elif cls == "image_observation":
-            c = it.get("content")
-            if not isinstance(c, str):
-                raise ConversionError(f"{where}: image_observation content must be an image path", rule="E204")
-            content = [ImagePart(path=c)]
-        else:
-            vs = it.get("viewport_size")
-            if vs is not None and not (isinstance(vs, list) and all(isinstance(x, int) for x in vs)):
-                mx["viewport_value"] = vs
-                vs = None
-            content = [WebPart(url=_str_or_none(it.get("url"), where, "url"), html=_str_or_none(it.get("html"), where, "html"),
-                               axtree=_str_or_none(it.get("axtree"), where, "axtree"), viewport_size=vs)]
-            for k in ("url", "html", "axtree", "viewport_size", "image_observation"):
-                if k not in it:
-                    mx.setdefault("absent", []).append(k)
-            io = it.get("image_observation")
-            if isinstance(io, dict) and isinstance(io.get("content"), str):
-                content.append(ImagePart(path=io["content"]))
-                mx["image_observation"] = {k: v for k, v in io.items() if k != "content"}
-            elif io is not None:
-                mx["image_observation_value"] = io
-        eff_source = source if source in ("user", "agent", "environment") else "environment"
-        if eff_source == "user":
-            msg = Message(role="user", origin="user", content=content, name=name, reward=rwd, extra={"adp": mx})
-        elif eff_source == "agent":
-            msg = Message(role="assistant", origin="agent", content=content, name=name, reward=rwd, extra={"adp": mx})
-        elif tcid is not None:
-            msg = Message(role="tool", origin="environment", content=content, name=name, tool_call_id=tcid,
-                          reward=rwd, extra={"adp": mx})
-            pending = [c for c in pending if c.id != tcid]
-        elif pending:
-            call = pending.pop(0)
-            msg = Message(role="tool", origin="environment", content=content, name=name, reward=rwd, extra={"adp": mx})
-            mx["paired"] = True
-            needs_pairing.append(msg)
-            msg.extra["adp"]["_call"] = call  # resolved to an id once ids are generated below
-        else:
-            msg = Message(role="user", origin="environment", content=content, name=name, reward=rwd, extra={"adp": mx})
-        messages.append(msg)
 
-    traj = Trajectory(id=tid, messages=messages, tools=tools, metadata=details or {}, reward=reward,
-                      provenance=Provenance(source_format=NAME, source_version=version or "1",
-                                            record_id=tid if "id_absent" not in tx else None,
-                                            converter="trajtune.formats.adp"),
-                      extra={"adp": tx} if tx else {})
-    generate_call_ids(traj)
+def _item_to_message(it: Any, where: str, pending: list[ToolCall], needs_pairing: list[Message]) -> Message:
+    """One ADP item -> one IR message. ``pending`` holds the calls not answered yet (in order), which
+    observations without a ``tool_call_id`` answer by position; those land in ``needs_pairing``."""
+    expect_object(it, where)
+    cls = it.get("class_")
+    if not isinstance(cls, str) or cls not in _MAPPED:
+        raise ConversionError(f"{where}: unknown class_ {cls!r}", rule="E111",
+                              hint=f"ADP classes: {', '.join(sorted(_MAPPED))}")
+    mx = _item_extra(it, cls)
+    rwd = _num_or_none(it.get("reward"), where)
+    if isinstance(it.get("reward"), int):
+        mx["reward_int"] = True
+    tcid = _str_or_none(it.get("tool_call_id"), where, "tool_call_id")
+    if cls in _ACTIONS:
+        return _action_message(it, cls, where, mx, rwd, tcid, pending)
+    return _observation_message(it, cls, where, mx, rwd, tcid, pending, needs_pairing)
+
+
+def _item_extra(it: dict[str, Any], cls: str) -> dict[str, Any]:
+    """What export needs to write the item back byte-for-byte: its class, keys the IR has no field
+    for, and which optional keys were absent or null (both read as None in the IR)."""
+    mx: dict[str, Any] = {"class_": cls}
+    keys = {k: v for k, v in it.items() if k not in _MAPPED[cls]}
+    if keys:
+        mx["keys"] = keys
+    for k in ("description", "tool_call_id", "reasoning_content", "reward", "name", "source"):
+        if k in _MAPPED[cls] and k not in it:
+            mx.setdefault("absent", []).append(k)
+        elif k in _MAPPED[cls] and it[k] is None:
+            mx.setdefault("null", []).append(k)
+    return mx
+
+
+def _action_message(it: dict[str, Any], cls: str, where: str, mx: dict[str, Any], rwd: float | None,
+                    tcid: str | None, pending: list[ToolCall]) -> Message:
+    """An action is the agent's turn: an API call, a code call, or plain text."""
+    thought = _str_or_none(it.get("description"), where, "description")
+    rc = _str_or_none(it.get("reasoning_content"), where, "reasoning_content")
+    msg = Message(role="assistant", origin="agent", thought=thought, reasoning_content=rc, reward=rwd,
+                  extra={"adp": mx})
+    if cls == "api_action":
+        fn = it.get("function")
+        if not isinstance(fn, str) or not fn:
+            raise ConversionError(f"{where}: api_action needs a 'function' name", rule="E111")
+        kw = it.get("kwargs")
+        call = ToolCall(id=tcid or "", name=fn)
+        if isinstance(kw, dict):
+            call.arguments = kw
+        else:
+            mx["kwargs_value"] = kw
+        msg.tool_calls = [call]
+        pending.append(call)
+    elif cls == "code_action":
+        lang, src = it.get("language"), it.get("content")
+        if not isinstance(lang, str) or not isinstance(src, str):
+            raise ConversionError(f"{where}: code_action needs string 'language' and 'content'", rule="E230",
+                                  hint='e.g. {"class_": "code_action", "language": "python", "content": "print(1)"}')
+        call = ToolCall(id=tcid or "", name=code_tool_name(lang), arguments={"code": src},
+                        code=CodeAction(language=lang, source=src))
+        msg.tool_calls = [call]
+        pending.append(call)
+    else:
+        c = it.get("content")
+        if c is not None and not isinstance(c, str):
+            raise ConversionError(f"{where}: message_action content must be a string", rule="E204")
+        msg.content = c
+    return msg
+
+
+def _observation_message(it: dict[str, Any], cls: str, where: str, mx: dict[str, Any], rwd: float | None,
+                         tcid: str | None, pending: list[ToolCall], needs_pairing: list[Message]) -> Message:
+    """An observation's role follows its ``source``: the user's turn, the agent's own, or the
+    environment's, which answers a call (by id, else the oldest pending one) or is a user turn."""
+    source = it.get("source")
+    if source is not None and source not in ("user", "agent", "environment"):
+        mx["source_value"] = source
+    name = _str_or_none(it.get("name"), where, "name")
+    content = _observation_content(it, cls, where, mx)
+    eff_source = source if source in ("user", "agent", "environment") else "environment"
+    if eff_source == "user":
+        return Message(role="user", origin="user", content=content, name=name, reward=rwd, extra={"adp": mx})
+    if eff_source == "agent":
+        return Message(role="assistant", origin="agent", content=content, name=name, reward=rwd, extra={"adp": mx})
+    if tcid is not None:
+        pending[:] = [c for c in pending if c.id != tcid]
+        return Message(role="tool", origin="environment", content=content, name=name, tool_call_id=tcid,
+                       reward=rwd, extra={"adp": mx})
+    if pending:
+        call = pending.pop(0)
+        msg = Message(role="tool", origin="environment", content=content, name=name, reward=rwd, extra={"adp": mx})
+        mx["paired"] = True
+        needs_pairing.append(msg)
+        msg.extra["adp"]["_call"] = call  # resolved to an id once ids are generated, in _pair_by_position
+        return msg
+    return Message(role="user", origin="environment", content=content, name=name, reward=rwd, extra={"adp": mx})
+
+
+def _observation_content(it: dict[str, Any], cls: str, where: str, mx: dict[str, Any]) -> Any:
+    """Text, an image, or a web page (with an optional screenshot) as IR content."""
+    if cls == "text_observation":
+        c = it.get("content")
+        if c is not None and not isinstance(c, str):
+            raise ConversionError(f"{where}: text_observation content must be a string", rule="E204")
+        return c
+    if cls == "image_observation":
+        c = it.get("content")
+        if not isinstance(c, str):
+            raise ConversionError(f"{where}: image_observation content must be an image path", rule="E204")
+        return [ImagePart(path=c)]
+    vs = it.get("viewport_size")
+    if vs is not None and not (isinstance(vs, list) and all(isinstance(x, int) for x in vs)):
+        mx["viewport_value"] = vs
+        vs = None
+    content: list[Any] = [WebPart(url=_str_or_none(it.get("url"), where, "url"),
+                                  html=_str_or_none(it.get("html"), where, "html"),
+                                  axtree=_str_or_none(it.get("axtree"), where, "axtree"), viewport_size=vs)]
+    for k in ("url", "html", "axtree", "viewport_size", "image_observation"):
+        if k not in it:
+            mx.setdefault("absent", []).append(k)
+    io = it.get("image_observation")
+    if isinstance(io, dict) and isinstance(io.get("content"), str):
+        content.append(ImagePart(path=io["content"]))
+        mx["image_observation"] = {k: v for k, v in io.items() if k != "content"}
+    elif io is not None:
+        mx["image_observation_value"] = io
+    return content
+
+
+def _pair_by_position(needs_pairing: list[Message], version: str | None, report: ConversionReport) -> None:
+    """Give observations answered by position the id of their call, now that ids exist. In 1.x, where
+    ids are expected, pairing by position is a guess worth a warning."""
     for m in needs_pairing:
         call = m.extra["adp"].pop("_call")
         m.tool_call_id = call.id
         if not call.id_generated and version is not None:
             report.warn(f"observation without tool_call_id paired with call {call.id} by position")
-    return traj, report
 
 
 # ------------------------------------------------------------------------------------- export

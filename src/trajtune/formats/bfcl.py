@@ -23,6 +23,7 @@ import copy
 import re
 from typing import Any
 
+from trajtune.formats._base import ConversionReport
 from trajtune.schema import Message, Provenance, Reference, ToolSpec, Trajectory
 
 FORMAT_NAME = "bfcl"
@@ -219,16 +220,12 @@ class _RegisteredBFCL:
 
     @staticmethod
     def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Any]:
-        from trajtune.formats._base import ConversionReport
-
         if not isinstance(record, dict):
             raise ValueError(f"a BFCL record must be a JSON object, got {type(record).__name__}")
         return to_ir(record), ConversionReport(source_format="bfcl", target_format="ir")
 
     @staticmethod
     def from_ir(traj: Trajectory) -> tuple[dict[str, Any], Any]:
-        from trajtune.formats._base import ConversionReport
-
         rep = ConversionReport(source_format="ir", target_format="bfcl")
         if any(m.role in ("assistant", "tool") for m in traj.messages):
             rep.lose("assistant_and_tool_turns")

@@ -144,13 +144,33 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
     top = {k: v for k, v in record.items() if k not in {"id", "messages", "tools", "functions", "metadata"}}
     if top:
         textra["top"] = top
+    metadata = _record_metadata(record, textra)
+    tools = _record_tools(record, textra)
+    messages = [_message_to_ir(m, f"messages[{i}]") for i, m in enumerate(msgs_in)]
+
+    traj = Trajectory(id=tid, messages=messages, tools=tools, metadata=metadata or {},
+                      provenance=Provenance(source_format=NAME, record_id=tid if "id_absent" not in textra else None,
+                                            converter="trajtune.formats.openai"),
+                      extra={"openai": textra} if textra else {})
+    generate_call_ids(traj)
+    _pair_missing_tool_call_ids(traj, report)
+    return traj, report
+
+
+def _record_metadata(record: dict[str, Any], textra: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's ``metadata`` when it is a dict; a non-dict one, or an empty one, is noted in
+    ``textra`` so that export writes back exactly what came in."""
     metadata = record.get("metadata")
     if "metadata" in record and not isinstance(metadata, dict):
         textra.setdefault("top", {})["metadata"] = metadata
         metadata = None
     elif isinstance(metadata, dict) and not metadata:
         textra["metadata_empty"] = True
+    return metadata
 
+
+def _record_tools(record: dict[str, Any], textra: dict[str, Any]) -> list[ToolSpec]:
+    """``tools`` and the legacy ``functions`` list, in that order, each spec marked with where it came from."""
     tools: list[ToolSpec] = []
     for key, legacy in (("tools", False), ("functions", True)):
         if key in record:
@@ -163,88 +183,105 @@ def to_ir(record: Any, *, line: int | None = None) -> tuple[Trajectory, Conversi
                 if legacy:
                     ts.extra["openai"]["legacy"] = True
                 tools.append(ts)
+    return tools
 
-    messages: list[Message] = []
-    for i, m in enumerate(msgs_in):
-        where = f"messages[{i}]"
-        expect_object(m, where)
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise ConversionError(f"{where}: invalid role {role!r}", rule="E203",
-                                  hint="roles are system, developer, user, assistant, tool (or legacy function)")
-        mx: dict[str, Any] = {}
-        keys = {k: v for k, v in m.items() if k not in _MSG_KEYS}
-        if keys:
-            mx["keys"] = keys
-        content: Any
-        if "content" not in m:
-            mx["content_absent"] = True
-            content = None
+
+def _message_to_ir(m: Any, where: str) -> Message:
+    """One OpenAI message -> one IR message. ``mx`` collects what the IR has no field for (unknown
+    keys, absent versus null, legacy spellings) so export restores the message as it was."""
+    expect_object(m, where)
+    role = m.get("role")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise ConversionError(f"{where}: invalid role {role!r}", rule="E203",
+                              hint="roles are system, developer, user, assistant, tool (or legacy function)")
+    mx: dict[str, Any] = {}
+    keys = {k: v for k, v in m.items() if k not in _MSG_KEYS}
+    if keys:
+        mx["keys"] = keys
+    content = _message_content(m, where, mx)
+    name = m.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ConversionError(f"{where}: name must be a string", rule="E111")
+    train = _message_weight(m, mx)
+    rc = _message_reasoning(m, mx)
+    tool_calls = _message_calls(m, where, mx)
+    tcid = m.get("tool_call_id")
+    if tcid is not None and not isinstance(tcid, str):
+        raise ConversionError(f"{where}: tool_call_id must be a string", rule="E111")
+    ir_role = _message_role(m, role, tcid, mx)
+    return Message(role=ir_role, content=content, name=name, reasoning_content=rc, tool_calls=tool_calls,
+                   tool_call_id=tcid, train=train, extra={"openai": mx} if mx else {})
+
+
+def _message_content(m: dict[str, Any], where: str, mx: dict[str, Any]) -> Any:
+    """Text, null, or a list of parts; an absent ``content`` is told apart from a null one."""
+    if "content" not in m:
+        mx["content_absent"] = True
+        return None
+    c = m["content"]
+    if c is None or isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return [_part_to_ir(p) for p in c]
+    raise ConversionError(f"{where}: content must be a string, a list of parts or null, got {type(c).__name__}",
+                          rule="E204")
+
+
+def _message_weight(m: dict[str, Any], mx: dict[str, Any]) -> bool | None:
+    """A ``weight`` of 0 or 1 says whether to train on the message; any other value is kept as a key."""
+    if "weight" not in m:
+        return None
+    if m["weight"] in (0, 1) and not isinstance(m["weight"], bool):
+        return bool(m["weight"])
+    mx.setdefault("keys", {})["weight"] = m["weight"]
+    return None
+
+
+def _message_reasoning(m: dict[str, Any], mx: dict[str, Any]) -> str | None:
+    """``reasoning_content`` when it is text; anything else is kept as a key, and null is remembered."""
+    rc = m.get("reasoning_content")
+    if rc is not None and not isinstance(rc, str):
+        mx.setdefault("keys", {})["reasoning_content"] = rc
+        return None
+    if "reasoning_content" in m and rc is None:
+        mx["reasoning_null"] = True
+    return rc
+
+
+def _message_calls(m: dict[str, Any], where: str, mx: dict[str, Any]) -> list[ToolCall] | None:
+    """``tool_calls`` followed by the legacy ``function_call``, which becomes one more call."""
+    tool_calls = None
+    if "tool_calls" in m:
+        tc = m["tool_calls"]
+        if tc is None:
+            mx["tool_calls_null"] = True
+        elif not isinstance(tc, list):
+            raise ConversionError(f"{where}: tool_calls must be a list", rule="E111")
         else:
-            c = m["content"]
-            if c is None or isinstance(c, str):
-                content = c
-            elif isinstance(c, list):
-                content = [_part_to_ir(p) for p in c]
-            else:
-                raise ConversionError(f"{where}: content must be a string, a list of parts or null, got {type(c).__name__}",
-                                      rule="E204")
-        name = m.get("name")
-        if name is not None and not isinstance(name, str):
-            raise ConversionError(f"{where}: name must be a string", rule="E111")
-        train = None
-        if "weight" in m:
-            if m["weight"] in (0, 1) and not isinstance(m["weight"], bool):
-                train = bool(m["weight"])
-            else:
-                mx.setdefault("keys", {})["weight"] = m["weight"]
-        rc = m.get("reasoning_content")
-        if rc is not None and not isinstance(rc, str):
-            mx.setdefault("keys", {})["reasoning_content"] = rc
-            rc = None
-        elif "reasoning_content" in m and rc is None:
-            mx["reasoning_null"] = True
-        tool_calls = None
-        if "tool_calls" in m:
-            tc = m["tool_calls"]
-            if tc is None:
-                mx["tool_calls_null"] = True
-            elif not isinstance(tc, list):
-                raise ConversionError(f"{where}: tool_calls must be a list", rule="E111")
-            else:
-                tool_calls = [_call_to_ir(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(tc)]
-        if "function_call" in m:
-            fc = m["function_call"]
-            if fc is None:
-                mx["function_call_null"] = True
-            else:
-                call = _call_to_ir({"function": fc}, f"{where}.function_call")
-                call.extra.setdefault("openai", {}).update({"legacy": True})
-                call.extra["openai"].pop("id_src", None)
-                call.extra["openai"].pop("type_absent", None)
-                tool_calls = (tool_calls or []) + [call]
-        tcid = m.get("tool_call_id")
-        if tcid is not None and not isinstance(tcid, str):
-            raise ConversionError(f"{where}: tool_call_id must be a string", rule="E111")
-        ir_role = role
-        if role == "function":
-            ir_role = "tool"
-            mx["legacy_function"] = True
-        elif role == "tool" and "tool_call_id" not in m:
-            mx["tool_call_id_absent"] = True
-        elif "tool_call_id" in m and tcid is None:
-            mx["tool_call_id_null"] = True
-        msg = Message(role=ir_role, content=content, name=name, reasoning_content=rc, tool_calls=tool_calls,
-                      tool_call_id=tcid, train=train, extra={"openai": mx} if mx else {})
-        messages.append(msg)
+            tool_calls = [_call_to_ir(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(tc)]
+    if "function_call" in m:
+        fc = m["function_call"]
+        if fc is None:
+            mx["function_call_null"] = True
+        else:
+            call = _call_to_ir({"function": fc}, f"{where}.function_call")
+            call.extra.setdefault("openai", {}).update({"legacy": True})
+            call.extra["openai"].pop("id_src", None)
+            call.extra["openai"].pop("type_absent", None)
+            tool_calls = (tool_calls or []) + [call]
+    return tool_calls
 
-    traj = Trajectory(id=tid, messages=messages, tools=tools, metadata=metadata or {},
-                      provenance=Provenance(source_format=NAME, record_id=tid if "id_absent" not in textra else None,
-                                            converter="trajtune.formats.openai"),
-                      extra={"openai": textra} if textra else {})
-    generate_call_ids(traj)
-    _pair_missing_tool_call_ids(traj, report)
-    return traj, report
+
+def _message_role(m: dict[str, Any], role: str, tcid: str | None, mx: dict[str, Any]) -> str:
+    """The IR role: the legacy ``function`` role is a tool result; how ``tool_call_id`` was missing is noted."""
+    if role == "function":
+        mx["legacy_function"] = True
+        return "tool"
+    if role == "tool" and "tool_call_id" not in m:
+        mx["tool_call_id_absent"] = True
+    elif "tool_call_id" in m and tcid is None:
+        mx["tool_call_id_null"] = True
+    return role
 
 
 def _pair_missing_tool_call_ids(traj: Trajectory, report: ConversionReport) -> None:

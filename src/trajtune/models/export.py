@@ -24,7 +24,7 @@ from typing import Any
 from trajtune import __version__
 from trajtune.errors import OutputError, UsageError
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.loading import _quiet_transformers
+from trajtune.models.loading import _quiet_transformers, read_tokenizer
 from trajtune.models.resolve import resolve_model
 from trajtune.schema import normal_permissions
 
@@ -96,7 +96,7 @@ def export_adapter(model: str, out: str | Path, *, dtype: str | None = None, ove
                              "base_model_name_or_path at the exported model")
 
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     _quiet_transformers()
     torch_dtype: Any = "auto" if dtype is None else getattr(torch, dtype)
@@ -110,10 +110,7 @@ def export_adapter(model: str, out: str | Path, *, dtype: str | None = None, ove
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise ModelLoadError(f"could not apply the LoRA adapter {model!r} to its base {base_name!r}: {e}") from None
     tok_src = _tokenizer_source(adapter_dir, base.path)
-    try:
-        tok = AutoTokenizer.from_pretrained(tok_src)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"could not load a tokenizer from {tok_src!r}: {e}") from None
+    tok = read_tokenizer(tok_src)
     saved_dtype = str(next(merged.parameters()).dtype).removeprefix("torch.")
     summary = {
         "source_adapter": str(adapter_dir),

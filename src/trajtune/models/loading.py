@@ -43,17 +43,30 @@ def _quiet_transformers() -> None:
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
-def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
+def read_tokenizer(path: str, *, label: str | None = None,
+                   user_errors: tuple[type[Exception], ...] = (OSError, ValueError)) -> Any:
+    """The tokenizer saved at ``path`` (a directory or hub id), exactly as saved: no padding or
+    template changes, so merge and export can save it again unchanged. Every tokenizer trajtune
+    loads comes through here, except a GGUF file's, which its one-time conversion reads
+    (``models.gguf`` sits below this module). ``user_errors`` are the failures that mean the user's tokenizer cannot
+    be read: a ``ModelLoadError`` naming ``label`` (default ``path``); a caller that words its own
+    error passes ``()``."""
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except user_errors as e:
+        raise ModelLoadError(f"could not load a tokenizer from {label or path!r}: {e}") from None
+
+
+def load_tokenizer(name_or_path: str, chat_template: str | None = None) -> Any:
+    """The tokenizer for rendering and batching: ``read_tokenizer`` of the resolved model, with the
+    chat template given (a file or the template text), a pad token, and left padding (generation
+    continues every row from its right end)."""
     src = resolve_model(name_or_path)
     if src.kind == "hub":
         check_hub(src.path)
-    path = src.path
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-    except OSError as e:
-        raise ModelLoadError(f"could not load a tokenizer from {name_or_path!r}: {e}") from None
+    tok = read_tokenizer(src.path, label=name_or_path, user_errors=(OSError,))
     if chat_template is not None:
         tok.chat_template = Path(chat_template).read_text() if Path(chat_template).exists() else chat_template
     if tok.pad_token is None:

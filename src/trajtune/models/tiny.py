@@ -158,6 +158,3 @@ def create_tiny_model(out_dir: str | Path, texts: Iterable[str], *, vocab_size: 
     model.save_pretrained(out)
     return out
 
-
-def count_parameters(model: Any) -> int:
-    return sum(p.numel() for p in model.parameters())

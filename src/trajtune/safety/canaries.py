@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trajtune.chat.render import ChatRenderer
 from trajtune.errors import DataError, UsageError, require_input
 from trajtune.schema import Message, TextPart, ToolSpec, Trajectory
 
@@ -149,12 +150,14 @@ def probe_prompts(renderer: Any, doc: dict[str, Any]) -> list[tuple[str, str]]:
 def greedy_continuations(model: Any, renderer: Any, prompts: list[list[int]], max_new: list[int],
                          seed: int = 0) -> list[list[int]]:
     """Greedy continuations through the rollout sampler (the KV-cached one where the model allows)."""
+    # lazy: imports torch; planting canaries (`data plant-canaries`) needs no model
     from trajtune.generation import CachedSampler, supports
 
     stops = renderer.stop_ids()
     if supports(model):
         rows = CachedSampler(model, 0.0, 1.0, stops).turn([(None, p) for p in prompts], max_new, seed)
         return [ids for ids, _lps, _ended, _cache in rows]
+    # lazy: imports torch (see above)
     from trajtune.rollout import RolloutConfig, _generate
 
     cfg = RolloutConfig(temperature=0.0)
@@ -165,8 +168,6 @@ def extraction_rate(model: Any, tokenizer: Any, doc: dict[str, Any], *, renderer
                     batch_size: int = 16) -> dict[str, Any]:
     """Prompt with each canary's prefix in its planted context and count exact greedy completions."""
     import torch
-
-    from trajtune.chat.render import ChatRenderer
 
     renderer = renderer or ChatRenderer(tokenizer)
     pairs = probe_prompts(renderer, doc)

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from trajtune.errors import DataError, require_input
+from trajtune.eval.harness import EvalSettings
+from trajtune.eval.run import run_eval
+from trajtune.models.loading import load_model, load_tokenizer, to_device
 
 GENERAL_TEXT = "general_text.txt"
 
@@ -89,8 +92,6 @@ def text_nll(model: Any, tokenizer: Any, paragraphs: list[str], *, max_length: i
 
 
 def _load(name: str, device: str) -> tuple[Any, Any]:
-    from trajtune.models.loading import load_model, load_tokenizer, to_device
-
     tok = load_tokenizer(name)
     return to_device(load_model(name, trainable=False), device), tok
 
@@ -119,9 +120,6 @@ def capability_forgetting(base: str, model: str, *, env: str, tasks: int, seed: 
                           env_kwargs: dict[str, Any] | None = None, max_new_tokens: int = 256,
                           device: str = "auto", quiet: bool = True) -> dict[str, Any]:
     """Greedy success of ``base`` and ``model`` on the same ``tasks`` held-out tasks of ``env``."""
-    from trajtune.eval.harness import EvalSettings
-    from trajtune.eval.run import run_eval
-
     success = {}
     for role, name in (("base", base), ("model", model)):
         settings = EvalSettings(model=name, env=env, env_kwargs=dict(env_kwargs or {}), tasks=tasks, seed=seed,

@@ -32,13 +32,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from trajtune.chat.render import ChatRenderer
 from trajtune.envs.adapters.openai_policy import endpoint_policy
 from trajtune.envs.refusal import is_refusal
 from trajtune.envs.registry import make_env
 from trajtune.envs.runner import step_batch
 from trajtune.errors import DataError, EnvError, OutputError, UsageError, require_input
 from trajtune.judge import ask
+from trajtune.models.loading import load_tokenizer, to_device
 from trajtune.schema import Message, atomic_write_text
+from trajtune.serve import ChatService
 
 ScoreFn = Callable[[str], tuple[float, float]]
 
@@ -348,13 +351,14 @@ class SafetyScorer:
         self.episodes: dict[str, list[Any]] = {}
 
     def renderer(self, prefix: str) -> Any:
-        from trajtune.chat.render import ChatRenderer
+        # lazy: imports torch; the CLI reads a prefix file (load_prefix) without it
         from trajtune.config import load_render
 
         options = {**self.render, "assistant_prefix": prefix or None}
         return ChatRenderer(self.tok, load_render(options).to_render_config(), self.chat_template)
 
     def __call__(self, prefix: str) -> tuple[float, float]:
+        # lazy, and looked up per call: tests replace rollout.run_rollouts
         from trajtune.rollout import run_rollouts
 
         owner: dict[int, str] = {}
@@ -452,6 +456,7 @@ class PingSettings:
             raise UsageError("--set render.assistant_prefix: the prefix is what `trajtune ping` searches; leave it out")
         if not (self.proposer in ("template", "policy") or self.proposer.startswith("openai:")):
             raise UsageError(f"--proposer must be template, policy or openai:URL|MODEL, got {self.proposer!r}")
+        # lazy: imports torch; the CLI reads a prefix file (load_prefix) without it
         from trajtune.config import load_render
 
         load_render(self.render)  # unknown render options fail before anything loads
@@ -476,11 +481,10 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
              on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Load the model, build the scorer and the proposer, search, and write ``out_dir/ping.json``
     (atomically, after every round, so an interrupted search keeps what it found)."""
-    from trajtune.chat.render import ChatRenderer
+    # lazy: imports torch; the CLI reads a prefix file (load_prefix) without it
     from trajtune.config import load_render
     from trajtune.eval.run import model_context_length, resolve_max_length
     from trajtune.algorithms.registry import load_trained
-    from trajtune.models.loading import load_tokenizer, to_device
     from trajtune.rollout import RolloutConfig
 
     s.validate()
@@ -498,8 +502,6 @@ def run_ping(s: PingSettings, out_dir: Any, *, overwrite: bool = False,
                           render=s.render, chat_template=s.template, seed=s.seed, workers=s.workers)
     policy = None
     if s.proposer == "policy":
-        from trajtune.serve import ChatService
-
         policy = ChatService(model, tok, plain, name=s.model, max_tokens=512)
     proposer = make_proposer(s.proposer, policy=policy)
     settings = asdict(s)
