@@ -85,6 +85,17 @@ def test_rollouts_and_eval_completions_decode_with_the_models_own_sampler(tiny_m
     out = backend.complete([([Message(role="user", content="hi")], [])], seed=0)
     assert out == ["done"] and len(own.calls) == 1
 
+    # the server and the canary probe pick their sampler the same way
+    from trajtune.safety.canaries import greedy_continuations
+    from trajtune.serve import ChatService
+
+    own.calls.clear()
+    reply = ChatService(tiny_model, tiny_tok, renderer, name="tiny").complete(
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+    assert reply["choices"][0]["message"]["content"] == "done" and len(own.calls) == 1
+    own.calls.clear()
+    assert greedy_continuations(tiny_model, renderer, [[1, 2, 3]], [8]) == [answer] and len(own.calls) == 1
+
 
 def test_load_trained_runs_every_algorithms_load_hook_on_a_saved_adapter_directory_only(tmp_path, tiny_dir,
                                                                                        monkeypatch):

@@ -111,14 +111,15 @@ class ChatService:
     def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
                 stops: list[int], seed: int) -> list[tuple[list[int], list[float], bool]]:
         """(ids, log-probs, ended) per prompt: the cached sampler, else generate() (hold ``self.lock``)."""
-        # lazy (see __init__), and looked up per call: tests replace generation.CachedSampler
-        from trajtune.generation import CachedSampler
+        # lazy (see __init__); the one sampler selection (generation.sampler_for), looked up per call
+        from trajtune.generation import sampler_for
         from trajtune.rollout import RolloutConfig, _generate
 
-        if self.cached:
-            return [(ids, lps, ended) for ids, lps, ended, _ in CachedSampler(
-                self.model, temperature, top_p, stops).turn([(None, p) for p in prompts], [max_new] * len(prompts),
-                                                            seed)]
+        sampler = sampler_for(self.model, self.tok, temperature=temperature, top_p=top_p, stop_ids=stops,
+                              reuse_cache=self.cached)
+        if sampler is not None:
+            return [(ids, lps, ended) for ids, lps, ended, _ in sampler.turn(
+                [(None, p) for p in prompts], [max_new] * len(prompts), seed)]
         cfg = RolloutConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new)
         return _generate(self.model, self.tok, prompts, [max_new] * len(prompts), cfg, stops or self.renderer.stop_ids(),
                          seed)

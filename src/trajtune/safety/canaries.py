@@ -151,11 +151,12 @@ def greedy_continuations(model: Any, renderer: Any, prompts: list[list[int]], ma
                          seed: int = 0) -> list[list[int]]:
     """Greedy continuations through the rollout sampler (the KV-cached one where the model allows)."""
     # lazy: imports torch; planting canaries (`data plant-canaries`) needs no model
-    from trajtune.generation import CachedSampler, supports
+    from trajtune.generation import sampler_for
 
     stops = renderer.stop_ids()
-    if supports(model):
-        rows = CachedSampler(model, 0.0, 1.0, stops).turn([(None, p) for p in prompts], max_new, seed)
+    sampler = sampler_for(model, renderer.tok, temperature=0.0, top_p=1.0, stop_ids=stops)
+    if sampler is not None:
+        rows = sampler.turn([(None, p) for p in prompts], max_new, seed)
         return [ids for ids, _lps, _ended, _cache in rows]
     # lazy: imports torch (see above)
     from trajtune.rollout import RolloutConfig, _generate
