@@ -173,3 +173,12 @@ def test_a_problem_a_set_override_causes_names_the_override(tmp_path) -> None:
     cfg.write_text("model: m\noutput_dir: out\ndata: {path: d.jsonl}\ntrain: {steps: 200, save_every: 100}\n")
     line = one_error(["sft", "--config", str(cfg), "--set", "train.steps=2"], UsageError.exit_code)
     assert line.startswith(f"error: {cfg} with --set train.steps=2: invalid configuration")
+
+
+@pytest.mark.parametrize("args, needle", [(["--n", "0"], "--n must be at least 1, not 0"),
+                                          (["--seed", "-1"], "--seed must be at least 0, not -1"),
+                                          (["--temperature", "-0.5"], "--temperature must be at least 0, not -0.5")])
+def test_data_generate_out_of_range_is_an_error_line_not_a_usage_box(tmp_path, args, needle) -> None:
+    out = tmp_path / "g.jsonl"
+    line = one_error(["data", "generate", "--env", "home", *args, "-o", str(out)], UsageError.exit_code)
+    assert needle in line and not out.exists()

@@ -21,9 +21,9 @@ def generate(
                                                 "'{gym: mymod:Game}' / '{mcp: {command: [python, srv.py], tasks_file: t.jsonl}}' / "
                                                 "'{python_tools: mymod:Tools, kwargs: {...}}', or a YAML file with one (docs/envs.md).")],
     out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file (IR trajectories).")],
-    n: Annotated[int, typer.Option("--n", min=1, help="Number of tasks (one expert trajectory each).")] = 100,
+    n: Annotated[int, typer.Option("--n", help="Number of tasks (one expert trajectory each; at least 1).")] = 100,
     split: Annotated[str, typer.Option(help="Task split: train or test (their task seeds never overlap).")] = "train",
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the task generator.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the task generator (0 or more).")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace OUT if it exists.")] = False,
     only_success: Annotated[bool, typer.Option(help="Keep only trajectories whose outcome is a success.")] = False,
     env_arg: Annotated[Optional[list[str]], typer.Option(
@@ -34,7 +34,7 @@ def generate(
     policy_model: Annotated[str, typer.Option(
         "--policy-model", help="With --policy openai:URL: the model name sent to the endpoint.")] = "default",
     temperature: Annotated[float, typer.Option(
-        "--temperature", min=0.0, help="With --policy openai:URL: sampling temperature.")] = 0.0,
+        "--temperature", help="With --policy openai:URL: sampling temperature (0 or more).")] = 0.0,
 ) -> None:
     """Write trajectories for N tasks of an environment (atomic write): the scripted expert's, or a
     teacher model's through an OpenAI-compatible endpoint (distillation data).
@@ -45,6 +45,10 @@ def generate(
 
     Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
+    # a value out of range is one `error:` line like every other mistake, not typer's usage box
+    for flag, value, least in (("--n", n, 1), ("--seed", seed, 0), ("--temperature", temperature, 0)):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, not {value:g}")
     # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import env_from_cli
     from trajtune.envs import make_env
