@@ -182,3 +182,23 @@ def test_data_generate_out_of_range_is_an_error_line_not_a_usage_box(tmp_path, a
     out = tmp_path / "g.jsonl"
     line = one_error(["data", "generate", "--env", "home", *args, "-o", str(out)], UsageError.exit_code)
     assert needle in line and not out.exists()
+
+
+def test_every_run_command_reports_a_corrupt_weights_file_as_one_line(corrupt_model, tiny_dir, tmp_path,
+                                                                       home_experts) -> None:
+    """The walk: each command that loads weights, given the cut-off copy, says so in one line
+    (exit 4, the model-load code) and never shows an internal error."""
+    from trajtune.models.errors import ModelLoadError
+
+    bad, good = str(corrupt_model), str(tiny_dir)
+    walks = {
+        "sft": ["sft", "--config", _sft_config(tmp_path, bad, tmp_path / "w-sft", home_experts)],
+        "eval": ["eval", "--model", bad, "--env", "home", "--tasks", "1"],
+        "serve": ["serve", "--model", bad, "--port", "0"],
+        "merge (a model)": ["merge", "--base", good, "--models", bad, "--method", "ta", "--out", str(tmp_path / "m1")],
+        "merge (the base)": ["merge", "--base", bad, "--models", good, "--method", "ta", "--out", str(tmp_path / "m2")],
+    }
+    for name, args in walks.items():
+        line = one_error(args, ModelLoadError.exit_code)
+        assert "corrupt or truncated" in line, (name, line)
+    assert not [p for p in tmp_path.iterdir() if p.name in ("w-sft", "m1", "m2")]

@@ -227,10 +227,14 @@ class _Tensors:
         self._where = where
 
     def _open(self, f: str, stack: ExitStack) -> None:
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
 
         if f not in self._files:
-            self._files[f] = stack.enter_context(safe_open(f, framework="pt"))
+            try:
+                self._files[f] = stack.enter_context(safe_open(f, framework="pt"))
+            except SafetensorError as e:  # a cut-off copy or a failed download: the user's to replace
+                raise ModelLoadError(f"{f}: the weights file is corrupt or truncated ({e}); copy or save the "
+                                     "model again") from None
 
     def keys(self) -> list[str]:
         return list(self._state) if self._state is not None else list(self._where)
