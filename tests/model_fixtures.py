@@ -25,6 +25,21 @@ def randomize_lora_b(model, seed: int, scale: float = 0.1) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
+def save_adapter(model, base, path):
+    """``model``'s LoRA adapter saved at ``path`` as a LoRA run's checkpoint is: with the base's tokenizer,
+    and ``base_model_name_or_path`` naming ``base`` (PEFT records the directory it was built from)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(base).save_pretrained(path)
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = str(base)
+    (path / "adapter_config.json").write_text(json.dumps(cfg))
+    return cfg
+
+
 def perturbed_copy(src, dst, scale: float):
     """A copy of the HF model directory ``src`` at ``dst`` with Gaussian noise of ``scale`` added to every
     weight (seeded): a deliberately damaged model."""

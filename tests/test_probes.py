@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from model_fixtures import perturbed_copy
+from model_fixtures import perturbed_copy, save_adapter
 
 from trajtune.cli.main import app
 from trajtune.errors import DataError
@@ -295,13 +295,7 @@ def test_token_uncertainty_refuses_a_model_without_lora(tiny_model):
 def test_cli_eval_bayes_lora_adds_uncertainty_metrics_and_per_episode(tmp_path, tiny_dir):
     model = _lora_model(tiny_dir, dropout=0.3, nonzero=True, attention_dropout=0.0)
     adapter = tmp_path / "adapter"
-    model.save_pretrained(adapter)
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(adapter)  # a LoRA run's checkpoint ships its tokenizer
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    cfg["base_model_name_or_path"] = str(tiny_dir)
-    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    save_adapter(model, tiny_dir, adapter)  # a LoRA run's checkpoint ships its tokenizer
     out = tmp_path / "eval"
     r = runner.invoke(app, ["eval", "--model", str(adapter), "--env", "home", "--tasks", "2", "--max-new-tokens", "8",
                             "--bayes-lora", "3", "--device", "cpu", "-q", "--out", str(out), "--no-report"])

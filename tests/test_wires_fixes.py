@@ -6,7 +6,6 @@ whose LoRA dropout is 0."""
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 import tomllib
@@ -93,20 +92,13 @@ def test_the_adding_an_algorithm_snippet_runs_registers_and_describes_every_fiel
 
 
 def test_bayes_lora_refuses_an_adapter_trained_without_lora_dropout(tmp_path, tiny_dir):
-    from transformers import AutoTokenizer
-
-    from model_fixtures import randomize_lora_b
+    from model_fixtures import randomize_lora_b, save_adapter
     from trajtune.models.loading import LoraConfig, load_model
 
     model = load_model(str(tiny_dir), lora=LoraConfig(r=4, alpha=8))  # the default dropout: 0
     randomize_lora_b(model, seed=1)
     adapter = tmp_path / "adapter"
-    model.save_pretrained(adapter)
-    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(adapter)
-    cfg = json.loads((adapter / "adapter_config.json").read_text())
-    assert cfg["lora_dropout"] == 0.0
-    cfg["base_model_name_or_path"] = str(tiny_dir)
-    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    assert save_adapter(model, tiny_dir, adapter)["lora_dropout"] == 0.0
     out = tmp_path / "eval"
     r = runner.invoke(app, ["eval", "--model", str(adapter), "--env", "home", "--tasks", "1", "--max-new-tokens", "4",
                             "--bayes-lora", "3", "--device", "cpu", "-q", "--out", str(out), "--no-report"])
