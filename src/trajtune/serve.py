@@ -59,10 +59,6 @@ class ChatService:
         self.max_tokens = max_tokens
         self.lock = threading.Lock()
         self.version = 0  # policy version: bumped by every load_weights
-        # lazy: imports torch; judge imports this module, and eval.harness and safety.ping import judge
-        from trajtune.generation import supports
-
-        self.cached = supports(model)  # the cached sampler, else generate()
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(body.get("messages"), list) or not body["messages"]:
@@ -111,12 +107,12 @@ class ChatService:
     def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
                 stops: list[int], seed: int) -> list[tuple[list[int], list[float], bool]]:
         """(ids, log-probs, ended) per prompt: the cached sampler, else generate() (hold ``self.lock``)."""
-        # lazy (see __init__); the one sampler selection (generation.sampler_for), looked up per call
+        # lazy: imports torch; judge imports this module, and eval.harness and safety.ping import judge.
+        # The one sampler selection (generation.sampler_for): the model's own, the cached one, else generate()
         from trajtune.generation import sampler_for
         from trajtune.rollout import RolloutConfig, _generate
 
-        sampler = sampler_for(self.model, self.tok, temperature=temperature, top_p=top_p, stop_ids=stops,
-                              reuse_cache=self.cached)
+        sampler = sampler_for(self.model, self.tok, temperature=temperature, top_p=top_p, stop_ids=stops)
         if sampler is not None:
             return [(ids, lps, ended) for ids, lps, ended, _ in sampler.turn(
                 [(None, p) for p in prompts], [max_new] * len(prompts), seed)]
