@@ -15,6 +15,13 @@ timeout passes), the collective's error becomes ``RankFailed`` naming the lost r
 learner adds the step and the checkpoint ``--resume`` continues from. Which rank was lost: the
 peers on this host whose process is gone (process ids are exchanged at ``init``), else, with two
 ranks, the other one.
+
+Sharded training (``train.sharding: fsdp``, ``trajtune.sharding``) keeps this layout with one
+difference: a forward pass of a sharded model is itself a collective (each layer gathers its
+parameters from every rank), so every rank must run the same forward passes in the same order.
+``sharded()`` tells the experience sources so: with it, rollouts and mining run whole on every
+rank (``sampling_ranks``) instead of split, and the learner pads each rank's micro-batches to the
+same count.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ DEFAULT_TIMEOUT_S = 1800.0
 TIMEOUT_ENV = "TRAJTUNE_DIST_TIMEOUT_S"
 
 _peers: list[tuple[str, int]] = []  # (host, pid) of every rank, exchanged at init
+_sharded: list[bool] = [False]  # set by init(sharded=True): the weights are sharded across the ranks
 
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
@@ -61,8 +69,10 @@ def timeout_s() -> float:
     return value
 
 
-def init() -> None:
-    """Join the launcher's process group, with the collective timeout (a no-op in a single process)."""
+def init(sharded: bool = False) -> None:
+    """Join the launcher's process group, with the collective timeout (a no-op in a single process).
+    ``sharded``: the run shards its weights across the ranks (``train.sharding: fsdp``; see ``sharded``)."""
+    _sharded[0] = sharded and world_size() > 1
     if world_size() > 1:
         from datetime import timedelta
 
@@ -70,6 +80,19 @@ def init() -> None:
 
         PartialState(timeout=timedelta(seconds=timeout_s()))
         _peers[:] = all_gather((socket.gethostname(), os.getpid()))
+
+
+def sharded() -> bool:
+    """Whether the weights are sharded across several ranks, so that every forward pass is a collective
+    and every rank must run the same ones (``init(sharded=True)`` with more than one process)."""
+    return _sharded[0]
+
+
+def sampling_ranks() -> tuple[int, int]:
+    """(rank, world) over which rollouts are split: data-parallel ranks sample one share each and
+    gather; with sharded weights each rank samples them all (identically: same seeds, same gathered
+    weights), because a sharded forward needs every rank."""
+    return (0, 1) if sharded() else (rank(), world_size())
 
 
 def _alive(pid: int) -> bool:
@@ -180,6 +203,18 @@ def all_sum(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def all_max(values: list[float]) -> list[float]:
+    """Element-wise maximum over ranks (float64)."""
+    if world_size() == 1:
+        return values
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    _call(dist.all_reduce, t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def all_gather(obj: Any) -> list[Any]:
     if world_size() == 1:
         return [obj]
@@ -225,3 +260,15 @@ def check_in_sync(params: list[Any], step: int) -> None:
     if max(sums) - min(sums) > 1e-9 * max(1.0, abs(sums[0])):
         raise RuntimeError(f"step {step}: the ranks' weights differ (checksums {sums}); their step experience "
                            "was not identical — a bug, please report it")
+
+
+def check_same_experience(digest: str, step: int) -> None:
+    """With sharded weights every rank must build exactly the same step (it runs the same forward
+    passes); compare a digest of it and stop if a rank's differs, rather than train on mismatched
+    collectives."""
+    if world_size() == 1:
+        return
+    digests = all_gather(digest)
+    if len(set(digests)) > 1:
+        raise RuntimeError(f"step {step}: the ranks built different experience (digests {digests}); sharded training "
+                           "needs every rank to compute the same rollouts — a bug or a nondeterministic environment")

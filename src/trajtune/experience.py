@@ -117,14 +117,15 @@ class RolloutSource:
     def _round(self, step: int, round_no: int, model: Any) -> tuple[list[TokenTrajectory], list[Any]]:
         tasks = self._tasks(step, round_no)
         seed = self.seed * 1_000_003 + step if round_no == 0 else _round_seed(self.seed, step, round_no)
-        # each rank samples groups r, r + W, ... (one process: all of them); every rank then holds the
-        # whole step, in group order
-        world, rank, g = dist.world_size(), dist.rank(), self.group_size
+        # each rank samples groups r, r + W, ... (one process, or sharded weights: all of them); every
+        # rank then holds the whole step, in group order
+        rank, world = dist.sampling_ranks()
+        g = self.group_size
         mine = [t for t in tasks[rank::world] for _ in range(g)]
         remote = {"sampler": self.sampler} if self.sampler is not None else {}  # a server's sampler
         own = run_rollouts(model, self.tokenizer, self.env_factory, mine, self.rollout,
                            seed=seed + 104_729 * rank, renderer=self.renderer, **remote) if mine else []
-        parts = dist.all_gather(own)
+        parts = dist.all_gather(own) if world > 1 else [own]
         episodes = [e for i in range(len(tasks)) for e in parts[i % world][(i // world) * g:(i // world + 1) * g]]
         tts = []
         for k, e in enumerate(episodes):
@@ -314,11 +315,13 @@ class IterativeSource:
         from pathlib import Path
 
         path = self._path(it)
-        # rank 0 mines and writes; the others read its file. Rank 0's view of the file decides for every
-        # rank: a rank that looked later could find the file already written, skip the barrier rank 0
-        # waits at, and the next collectives would pair up wrongly (a hang)
+        # rank 0 mines and writes; the others read its file (with sharded weights they mine too, in
+        # step with rank 0, since its forward passes need them; rank 0 still writes alone). Rank 0's
+        # view of the file decides for every rank: a rank that looked later could find the file
+        # already written, skip the barrier rank 0 waits at, and the next collectives would pair up
+        # wrongly (a hang)
         existed = dist.all_gather(path.exists())[0]
-        if existed or not dist.is_main():
+        if existed or not (dist.is_main() or dist.sharded()):
             if not existed:
                 dist.barrier()  # rank 0 is mining: its barrier comes once the files are written
             records = [self.load(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -330,12 +333,13 @@ class IterativeSource:
                                    "inside the iteration; the run directory is incomplete")
             assert self.mine is not None
             records, metrics = self.mine(it, model)
-            Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, "".join(self.dump(r) + "\n" for r in records))
-            atomic_write_text(Path(str(path) + ".json"), json.dumps(metrics))
+            if dist.is_main():
+                Path(self.cache_dir).mkdir(parents=True, exist_ok=True)
+                atomic_write_text(path, "".join(self.dump(r) + "\n" for r in records))
+                atomic_write_text(Path(str(path) + ".json"), json.dumps(metrics))
+                if self.on_mined:
+                    self.on_mined(it, metrics)
             self._mined_metrics[it] = metrics
-            if self.on_mined:
-                self.on_mined(it, metrics)
             dist.barrier()
         self._units[it] = self.render(records)
         return self._units[it]
