@@ -202,6 +202,11 @@ _TrainSpecFields = runtime_section("TrainSpec", LearnerConfig, [
     "micro_batch_size", "save_every", "keep_last", "eval_every",
     ("gradient_checkpointing", bool, Field(False, description="recompute activations in the backward pass: less "
                                                               "memory, about a third more compute")),
+    ("sharding", Literal["none", "fsdp"], Field(
+        "none", description="with several processes: none keeps a full copy of the model on every rank (data "
+                            "parallel); fsdp shards parameters, gradients and optimizer state across the ranks "
+                            "(PyTorch FSDP2, float32), so a model too large for one device trains; one process: "
+                            "nothing to shard (docs/distributed.md)")),
     "group_by_length", "share_prefix",
     ("eaft", bool, Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
                                             "(docs/algorithms.md)")),
@@ -419,6 +424,13 @@ class RunBase(_C):
     def _eval_every(self) -> "RunBase":
         if self.train.eval_every and (self.eval is None or self.eval.env is None):
             raise ValueError("train.eval_every is set but there is no eval.env to evaluate on")
+        return self
+
+    @model_validator(mode="after")
+    def _sharding(self) -> "RunBase":
+        if self.train.sharding == "fsdp" and self.model.dtype in ("bfloat16", "float16"):
+            raise ValueError(f"train.sharding: fsdp trains float32 parameters; model.dtype: {self.model.dtype} is not "
+                             "supported with it (use auto or float32)")
         return self
 
 

@@ -17,10 +17,16 @@ learner knowing what it means. A plain float is a count and is summed.
 Sources are deterministic functions of the step index (data order and rollout seeds are derived
 from the config seed and the step), so resuming from a checkpoint replays exactly what an
 uninterrupted run would have done.
+
+Several processes: data-parallel by default (each rank trains its share of the units, gradients
+summed once per update, ``distributed.py``); with a model sharded by ``trajtune.sharding`` (FSDP2,
+``train.sharding: fsdp``) the same loop runs with the gradients reduce-scattered after every
+backward, every rank running the same number of passes, and checkpoints gathered on rank 0.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -38,6 +44,7 @@ import torch
 
 from trajtune.algorithms.base import Objective
 from trajtune import distributed as dist
+from trajtune import sharding
 from trajtune.algorithms.batch import collate
 from trajtune.tokens import TokenTrajectory
 from trajtune.errors import DataError, RankFailed, RunDirError
@@ -214,6 +221,31 @@ def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config")
 
 
+def experience_digest(tts: list[TokenTrajectory]) -> str:
+    """A digest of a step's experience (ids, weights, advantages, in order): ranks that train
+    sharded weights compare it, since they must all hold the very same step."""
+    h = hashlib.blake2b(digest_size=16)
+    for t in tts:
+        h.update(np.asarray(t.ids, dtype=np.int64).tobytes())
+        h.update(np.asarray(t.weight, dtype=np.float64).tobytes())
+        if t.advantages is not None:
+            h.update(np.asarray(t.advantages, dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def _weights_file(ckpt: Path) -> dict[str, torch.Tensor]:
+    """A saved model's tensors: ``model.safetensors``, or every shard its index names."""
+    from safetensors.torch import load_file
+
+    index = ckpt / "model.safetensors.index.json"
+    if not index.exists():
+        return load_file(ckpt / "model.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for name in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        state.update(load_file(ckpt / name))
+    return state
+
+
 class Learner:
     def __init__(self, model: Any, tokenizer: Any, objective: Objective, source: ExperienceSource,
                  config: LearnerConfig, out_dir: str | Path, *,
@@ -234,6 +266,8 @@ class Learner:
         self.stop_after = stop_after  # testing aid: stop (as if killed) after this many steps
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         self.world, self.rank = dist.world_size(), dist.rank()
+        self.sharded = sharding.is_sharded(model)  # sharded before the learner (train.py), so the
+        # reference model and the recipe saw the same model; the optimizer is built on its DTensors
         # an objective may own trainable state next to the model (a value head: ``module``, saved as
         # ``module_file``); it is optimised, checkpointed, restored and saved with the model
         self.extra = getattr(objective, "module", None)
@@ -244,11 +278,14 @@ class Learner:
             params += [p for p in self.extra.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the model has no trainable parameters")
+        if self.sharded and self.extra is not None:
+            raise ValueError("an objective's own trainable module (a value head) is not supported with sharded "
+                             "weights (the configs refuse it: rl.credit gae / mc_critic value_weight)")
         self.params = params
         optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=config.betas)
         if self.world > 1:  # no DDP wrapper: ranks may run different numbers of micro-batches; gradients
-            # are summed once per update (distributed.sum_gradients)
-            self.model, self.optimizer = model.to(self.accelerator.device), optimizer
+            # are summed once per update (distributed.sum_gradients), or reduce-scattered by FSDP (sharded)
+            self.model, self.optimizer = (model if self.sharded else model.to(self.accelerator.device)), optimizer
         else:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
@@ -264,28 +301,42 @@ class Learner:
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step-N`` atomically: a temp dir, fsync'd files, then one rename.
-        Rank 0 writes (every rank holds the same weights and optimizer state); the others wait."""
-        dist.check_in_sync(self.params, self.step)
+        Rank 0 writes (every rank holds the same weights and optimizer state; sharded, every rank
+        first helps gather them on rank 0); the others wait."""
+        model_state, optim_state = self._gathered()
         final = self.ckpt_root / f"step-{self.step:06d}"
         # a source that prepares experience ahead (async rollouts) stores it, so resume is exact
         source_state = self.source.state_dict() if hasattr(self.source, "state_dict") else None
         if dist.is_main():
-            self._write_checkpoint(final, source_state)
+            self._write_checkpoint(final, source_state, model_state, optim_state)
         dist.barrier()
         return final
 
-    def _write_checkpoint(self, final: Path, source_state: dict[str, Any] | None = None) -> None:
+    def _gathered(self, optimizer: bool = True) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """Sharded: the full model state (trainable parameters only for an adapter, which is all a
+        PEFT directory holds) and optimizer state, gathered on rank 0 (collectives: every rank calls
+        this). Data-parallel: (None, None), after checking that the ranks' replicas agree."""
+        if not self.sharded:
+            dist.check_in_sync(self.params, self.step)
+            return None, None
+        model_state = sharding.gather_model_state(self.model, trainable_only=is_peft(self.model))
+        return model_state, sharding.gather_optimizer_state(self.model, self.optimizer) if optimizer else None
+
+    def _write_checkpoint(self, final: Path, source_state: dict[str, Any] | None = None,
+                          model_state: dict[str, Any] | None = None,
+                          optim_state: dict[str, Any] | None = None) -> None:
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         tmp = self.ckpt_root / f".tmp-step-{self.step:06d}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
         model = self.accelerator.unwrap_model(self.model)
+        optim = optim_state if optim_state is not None else self.optimizer.state_dict()
         with _removed_on_error(tmp):
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, state_dict=model_state)  # None: the model's own (unsharded) state
             self.tok.save_pretrained(tmp)
             self._save_extra(tmp)
-            torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(),
                         "rng": _rng_state()}, tmp / "trainer_state.pt")
             if source_state is not None:
                 torch.save(source_state, tmp / "source_state.pt")
@@ -353,19 +404,7 @@ class Learner:
         ckpt = ckpt or self.latest_checkpoint()
         if ckpt is None:
             raise RunDirError(f"no checkpoint to resume from under {self.ckpt_root}")
-        model = self.accelerator.unwrap_model(self.model)
-        if is_peft(model):
-            from peft import set_peft_model_state_dict
-
-            for name in model.peft_config:  # peft's layout: the default adapter on top, others in sub-directories
-                sub = ckpt if name == "default" else ckpt / name
-                set_peft_model_state_dict(model, load_file(sub / "adapter_model.safetensors"), adapter_name=name)
-        else:
-            state = load_file(ckpt / "model.safetensors")
-            missing, unexpected = model.load_state_dict(state, strict=False)
-            tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-            if unexpected or set(missing) - tied:
-                raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+        self._load_weights(ckpt)
         if self.extra is not None:
             path = ckpt / self.objective.module_file  # type: ignore[attr-defined]
             if not path.exists():
@@ -373,7 +412,10 @@ class Learner:
                                   "with the config that run had")
             self.extra.load_state_dict(load_file(path))
         st = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.sharded:  # the checkpoint holds full tensors in torch's format, whichever layout wrote it
+            sharding.load_optimizer_state(self.model, self.optimizer, st["optimizer"])
+        else:
+            self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
         _set_rng_state(st["rng"])
         if (ckpt / "source_state.pt").exists() and hasattr(self.source, "load_state_dict"):
@@ -382,6 +424,39 @@ class Learner:
         self.apply_hyperparameters()
         self._trim_step_logs()
         return self.step
+
+    def _load_weights(self, ckpt: Path) -> None:
+        """The checkpoint's weights (or adapters) into the model; sharded, every rank reads the full
+        tensors and keeps its shard."""
+        from safetensors.torch import load_file
+
+        model = self.accelerator.unwrap_model(self.model)
+        if is_peft(model):
+            from peft import set_peft_model_state_dict
+
+            for name in model.peft_config:  # peft's layout: the default adapter on top, others in sub-directories
+                sub = ckpt if name == "default" else ckpt / name
+                state = load_file(sub / "adapter_model.safetensors")
+                if not self.sharded:
+                    set_peft_model_state_dict(model, state, adapter_name=name)
+                    continue
+                keys = sharding.adapter_keys(model, name)
+                if set(state) != set(keys):
+                    raise RuntimeError(f"checkpoint {sub} does not match adapter {name!r}: missing "
+                                       f"{sorted(set(keys) - set(state))}, unexpected {sorted(set(state) - set(keys))}")
+                sharding.load_model_state(model, {keys[k]: v for k, v in state.items()})
+            return
+        state = _weights_file(ckpt)
+        if self.sharded:
+            expected = set(model.state_dict())
+            missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        else:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+        if self.sharded:
+            sharding.load_model_state(model, state)
 
     def log(self, record: dict[str, Any]) -> None:
         if not dist.is_main():
@@ -425,13 +500,19 @@ class Learner:
 
     def _update(self, tts: list[TokenTrajectory], sums: dict[str, list[float]]) -> tuple[float, float] | None:
         """One optimizer update on ``tts`` (accumulated over micro-batches); None when nothing is trained."""
+        units = split_units(tts)
         if self.world > 1:  # this rank's share: units r, r + W, ... (whole units, like micro-batches)
-            tts = [t for u in split_units(tts)[self.rank::self.world] for t in u]
-        batches = [collate(mb, self.pad_id, share_prefix=self.cfg.share_prefix).to(self.accelerator.device)
+            tts = [t for u in units[self.rank::self.world] for t in u]
+        # sharded, prefix sharing is off: it changes how many forward passes a micro-batch takes, and
+        # every rank must take the same ones
+        share = self.cfg.share_prefix and not self.sharded
+        batches = [collate(mb, self.pad_id, share_prefix=share).to(self.accelerator.device)
                    for mb in self._micro_batches(tts)] if tts else []
         denom = dist.all_sum([sum(self.objective.denominator(b) for b in batches)])[0]
         if denom <= 0:
             return None
+        if self.sharded:
+            self._pad_passes(int(dist.all_max([float(len(batches))])[0]) - len(batches), units)
         total = 0.0
         for b in batches:
             loss, m = self.objective.loss_sum(self.model, b)
@@ -442,9 +523,12 @@ class Learner:
                 num, den = (v if isinstance(v, tuple) else (v, None))
                 _add_metric(sums, k, num, den)
         if self.world > 1:
-            dist.sum_gradients(self.params)
+            if not self.sharded:  # sharded gradients were reduce-scattered (summed) by every backward
+                dist.sum_gradients(self.params)
             total = dist.all_sum([total])[0]
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            if hasattr(grad_norm, "full_tensor"):  # sharded: a DTensor
+                grad_norm = grad_norm.full_tensor()
         else:
             clipped = self.model.parameters() if self.extra is None else \
                 [*self.model.parameters(), *self.extra.parameters()]
@@ -452,6 +536,19 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total, float(grad_norm)
+
+    def _pad_passes(self, n: int, units: list[list[TokenTrajectory]]) -> None:
+        """Sharded: ``n`` more forward/backward passes on this rank, on a unit of the step with the loss
+        times zero, so that it takes part in as many passes as the rank with the most micro-batches
+        (each pass gathers parameters and reduce-scatters gradients on every rank). The gradient they
+        add is exactly zero, so the update is the one the real micro-batches make."""
+        if n <= 0:
+            return
+        batches = (collate(u, self.pad_id).to(self.accelerator.device) for u in units)
+        b = next(x for x in batches if self.objective.denominator(x) > 0)  # one exists: denom > 0
+        for _ in range(n):
+            loss, _ = self.objective.loss_sum(self.model, b)
+            self.accelerator.backward(loss * 0.0)
 
     def train_step(self, tts: list[TokenTrajectory]) -> dict[str, float]:
         """All updates of one step: ``epochs`` × ``mini_batches`` optimizer steps (1 × 1 by default),
@@ -513,6 +610,8 @@ class Learner:
             dist.crash_for_test(self._current)
             t0 = time.time()
             tts, src_metrics = self.source.batch(self.step, self.accelerator.unwrap_model(self.model))
+            if self.sharded:
+                dist.check_same_experience(experience_digest(tts), self._current)
             m = self.train_step(tts) if tts else {"loss": 0.0, "skipped": 1.0}
             self.step += 1
             done_here += 1
@@ -539,7 +638,7 @@ class Learner:
         """Save the trained model (or adapter) and tokenizer as a loadable HF directory, atomically
         (rank 0; the others wait)."""
         path = Path(path)
-        dist.check_in_sync(self.params, self.step)
+        model_state, _ = self._gathered(optimizer=False)
         if not dist.is_main():
             dist.barrier()
             return path
@@ -548,7 +647,7 @@ class Learner:
             shutil.rmtree(tmp)
         model = self.accelerator.unwrap_model(self.model)
         with _removed_on_error(tmp):
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, state_dict=model_state)
             self.tok.save_pretrained(tmp)
             self._save_extra(tmp)
             normal_permissions(tmp)

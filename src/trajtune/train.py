@@ -18,6 +18,7 @@ from typing import Any, Literal
 import yaml
 
 from trajtune import distributed as dist
+from trajtune import sharding
 from trajtune.algorithms.registry import Recipe, RunContext, get_algorithm
 from trajtune.algorithms.sft import iter_data  # noqa: F401  (re-exported: trajtune.train.iter_data)
 from trajtune.chat.doctor import check_template
@@ -250,8 +251,27 @@ def _write_common(out: Path, cfg: Any, kind: str) -> None:
     atomic_write_text(out / "run.json", json.dumps({"kind": kind, "started": time.time()}))
 
 
+def _env_flag(name: str) -> bool:
+    import os
+
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def check_launcher(cfg: RunBase) -> None:
+    """An ``accelerate launch`` FSDP or DeepSpeed config is not applied by accelerate here (the learner
+    runs its own loop, ``trajtune.sharding``): say so rather than train unsharded under its name."""
+    if _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        raise ConfigError("accelerate launched this run with a DeepSpeed config, which trajtune does not apply; "
+                          "set train.sharding: fsdp to shard the model (PyTorch FSDP2), and launch without the "
+                          "DeepSpeed config")
+    if _env_flag("ACCELERATE_USE_FSDP") and cfg.train.sharding != "fsdp":
+        raise ConfigError("accelerate launched this run with an FSDP config, but train.sharding is none (the config's "
+                          "settings are not read by trajtune): set train.sharding: fsdp")
+
+
 def check_processes(cfg: RunBase) -> None:
     """Refuse, before any process group is joined, what does not run on several processes."""
+    check_launcher(cfg)
     world = dist.world_size()
     if world <= 1:
         return
@@ -290,8 +310,10 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     algo = get_algorithm(cfg.algorithm)
     kind = algo.name
     check_processes(cfg)
-    dist.init()
+    dist.init(sharded=cfg.train.sharding == "fsdp")
     quiet = quiet or not dist.is_main()
+    if cfg.train.sharding == "fsdp" and dist.world_size() == 1 and not quiet:
+        console.print(UNSHARDED_NOTE, highlight=False, soft_wrap=True)
     if cfg.tracking:
         check_installed(cfg.tracking)  # before anything is written or loaded
     st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
@@ -317,20 +339,15 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
         out = Path(cfg.output_dir)
     dist.barrier()
     ctx.out = out
-    try:
-        ctx.model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=cfg.model.dtype,
-                               gradient_checkpointing=cfg.train.gradient_checkpointing)
-    except BaseException:
-        if dist.is_main() and st.status == "new" and out.is_dir() and _only_start_files(out):
-            shutil.rmtree(out)  # a model that does not load leaves nothing behind
-        raise
+    dtype = model_dtype(cfg)
+    ctx.model = _load_policy(cfg, st, out, dtype)
 
     def reference() -> Any:
         if is_peft(ctx.model):  # the step-0 policy is inside the LoRA model: no second copy (models/reference.py)
 
             return AdapterReference(ctx.model, fresh=cfg.model.lora is not None)
-        ref = load_model(cfg.model.name_or_path, dtype=cfg.model.dtype, trainable=False)
-        return ref.eval().requires_grad_(False)
+        ref = load_model(cfg.model.name_or_path, dtype=dtype, trainable=False).eval().requires_grad_(False)
+        return sharding.shard(ref) if dist.sharded() else ref  # sharded like the policy: no full copy per rank
 
     ctx.load_reference = reference
     recipe = algo.build(cfg, ctx, prepared)
@@ -351,6 +368,32 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
     finally:
         if tracker is not None:
             tracker.finish()
+
+
+#: What a 1-process run of a ``train.sharding: fsdp`` config says (it trains as ``none`` does).
+UNSHARDED_NOTE = ("[yellow]warning:[/yellow] train.sharding: fsdp with one process: nothing to shard, so the model "
+                  "trains unsharded (launch several processes to shard it; docs/distributed.md)")
+
+
+def model_dtype(cfg: RunBase) -> str:
+    """The dtype the policy (and a reference model) loads in: ``model.dtype``, except that fsdp trains
+    float32 parameters, so ``auto`` loads a half-precision checkpoint in float32 there (on one process
+    too, so that a 1-process run of the config computes what the sharded run equals)."""
+    return "float32" if cfg.train.sharding == "fsdp" and cfg.model.dtype == "auto" else cfg.model.dtype
+
+
+def _load_policy(cfg: RunBase, st: RunState, out: Path, dtype: str) -> Any:
+    """The model to train, sharded across the ranks when the run is (before the recipe is built, so
+    its reference model and rollouts see the sharded model). A model that does not load leaves a new
+    run directory as it found it."""
+    try:
+        model = load_model(cfg.model.name_or_path, lora=cfg.model.lora, dtype=dtype,
+                           gradient_checkpointing=cfg.train.gradient_checkpointing)
+    except BaseException:
+        if dist.is_main() and st.status == "new" and out.is_dir() and _only_start_files(out):
+            shutil.rmtree(out)
+        raise
+    return sharding.shard(model) if dist.sharded() else model
 
 
 def run_sft(cfg: Any, **kwargs: Any) -> dict[str, Any]:
@@ -436,6 +479,8 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
     except RankFailed as e:
         raise learner.rank_lost(e, learner.step) from None
     result: dict[str, Any] = {"step": learner.step, "final": str(final), **recipe.result, "last": last}
+    # sharded weights: every rank takes part in the evaluation's forward passes; rank 0 keeps the result
+    evaluated = hook(learner.step, learner.model) if hook is not None and dist.sharded() else None
     if not dist.is_main():  # rank 0 evaluates and writes the artifacts
         return result
     if recipe.on_final is not None:
@@ -444,7 +489,7 @@ def _train_and_finish(learner: Learner, cfg: RunBase, out: Path, kind: str, st: 
         name, keys, title = recipe.plot
         plot_metrics(out / "metrics.jsonl", out / name, list(keys), title)
     if hook is not None:
-        result["eval"] = hook(learner.step, learner.model)
+        result["eval"] = evaluated if evaluated is not None else hook(learner.step, learner.model)
     atomic_write_text(out / "result.json", json.dumps(result, indent=1, default=str))
     if not quiet:
         console.print(f"[green]{kind.upper()} done[/green]: {final}")

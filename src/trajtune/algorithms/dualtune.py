@@ -256,6 +256,10 @@ class DualTuneRunConfig(RunBase):
             self.model.lora = LoraConfig()
         if self.data.format == "text":
             raise ValueError("algorithm: dualtune needs conversations with tool calls, not data.format: text")
+        if self.train.sharding == "fsdp":
+            raise ValueError("train.sharding: fsdp is not supported by algorithm: dualtune (its per-row adapter "
+                             "switching and two-stage decoding are untested on sharded weights); use "
+                             "train.sharding: none")
         if self.data.train_on == "all_tokens":
             raise ValueError("algorithm: dualtune trains policy tokens only; data.train_on: all_tokens is not "
                              "supported")

@@ -228,6 +228,10 @@ class RLRunConfig(EnvRunBase):
         if self.rollout.server is not None and self.rl.async_rollouts:
             raise ValueError("rl.async_rollouts with rollout.server is not supported: the background sampler would "
                              "sample while the server's weights change; drop one of them")
+        if self.train.sharding == "fsdp" and self.rl.uses_value_head():
+            raise ValueError(f"rl.credit: {self.rl.credit} with a value head (gae, or mc_critic.value_weight > 0) is not "
+                             "supported with train.sharding: fsdp (the head would stay outside the sharded model); "
+                             "use train.sharding: none or another rl.credit")
         return self
 
     @field_validator("train")
