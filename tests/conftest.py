@@ -31,6 +31,15 @@ def tiny_dir(tmp_path_factory, home_experts) -> Path:
 
 
 @pytest.fixture(scope="session")
+def talker(tiny_dir, tmp_path_factory) -> Path:
+    """The tiny model trained to answer in a short word and end its turn (``wire_fixtures.train_talker``),
+    so its episodes in ``wire_envs`` environments get mixed rewards."""
+    from wire_fixtures import train_talker
+
+    return train_talker(tiny_dir, tmp_path_factory.mktemp("talker"))
+
+
+@pytest.fixture(scope="session")
 def tiny_tok(tiny_dir):
     from trajtune.models.loading import load_tokenizer
 

@@ -15,17 +15,11 @@ import torch
 
 from model_fixtures import perturbed_copy
 from wire_envs import reply_is_even
-from wire_fixtures import train_talker
 
 from trajtune.algorithms.registry import load_run_config
 from trajtune.envs import make_env
 from trajtune.schema import write_trajectories
 from trajtune.train import run
-
-
-@pytest.fixture(scope="module")
-def talker(tiny_dir, tmp_path_factory) -> Path:
-    return train_talker(tiny_dir, tmp_path_factory.mktemp("talker"))
 
 
 def _run(talker: Path, out: Path, algorithm: str, *overrides: str) -> list[dict]:
@@ -150,8 +144,11 @@ def test_curriculum_promotes_after_enough_solved_episodes_over_several_steps(tal
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["rft", "dpo"])
-def test_two_processes_mine_once_on_rank_0_and_train_like_one(talker, tmp_path, algo):
+@pytest.mark.parametrize("algo,sharding", [("rft", "none"), ("dpo", "none"), ("dpo", "fsdp")])
+def test_two_processes_mine_once_on_rank_0_and_train_like_one(talker, tmp_path, algo, sharding):
+    """Data-parallel, rank 0 mines alone; sharded (train.sharding: fsdp), every rank mines in step with
+    it (a sharded forward needs them all), rank 0 alone writes; either way the iteration files and the
+    weights are one process's. Sharded DPO also shards its reference model."""
     from safetensors.torch import load_file
     from typer.testing import CliRunner
 
@@ -163,7 +160,7 @@ def test_two_processes_mine_once_on_rank_0_and_train_like_one(talker, tmp_path, 
     cfg = tmp_path / f"{algo}.yaml"
     cfg.write_text(f"algorithm: {algo}\nmodel: {talker}\nenv: wire_envs:Reply\nseed: 0\nreport: false\n"
                    "rollout: {max_turns: 1, max_new_tokens: 16, max_length: 256}\n"
-                   + section + "steps: 4, lr: 1.0e-3, micro_batch_size: 1, schedule: constant}\n")
+                   + section + f"steps: 4, lr: 1.0e-3, micro_batch_size: 1, schedule: constant, sharding: {sharding}}}\n")
     p = torchrun("train", "--config", str(cfg), "--set", f"output_dir={tmp_path / 'two'}", "-q")
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.count('"step": 4') == 1  # one result, from rank 0
