@@ -60,7 +60,8 @@ def shard(model: Any, device: torch.device | None = None) -> Any:
 
         device = PartialState().device
     mesh = init_device_mesh(device.type, (dist.world_size(),))
-    model.to(device)
+    # no model.to(device) first: fully_shard moves each unit's parameters to the device as it shards them,
+    # so the device never holds more than the shards so far plus one full layer (the weights load on the CPU)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
