@@ -5,9 +5,7 @@ the crashed run resumes (without half-written files) to the uninterrupted run's 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
+
+from wire_fixtures import launch_two
 
 from trajtune.cli.main import app
 
@@ -106,27 +106,13 @@ def test_two_processes_share_the_rollouts_of_an_rl_step(tmp_path, tiny_dir):
     assert [m["step"] for m in metrics] == [1, 2]  # the weights stayed in sync (checked at the final save)
 
 
-def _launch_two(*args: str, env: dict[str, str]) -> list[subprocess.Popen]:
-    """2 ranks started by hand (no torchrun agent, which would stop the survivor itself when a rank dies)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(2):
-        e = {**os.environ, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-             "LOCAL_RANK": str(r), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "trajtune.cli", *args], env=e, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    return procs
-
-
 def test_a_crashed_rank_stops_the_other_clearly_and_the_run_resumes_without_half_written_files(tmp_path, sft_two):
     from trajtune.learner import interrupted_writes
 
     cfg, two_dir, _ = sft_two
     run = tmp_path / "crashed"
     # rank 1 dies (os._exit, test-only hook) as it starts step 3; the checkpoint of step 2 is complete
-    procs = _launch_two("train", "--config", str(cfg), "--set", f"output_dir={run}", "-q",
+    procs = launch_two("train", "--config", str(cfg), "--set", f"output_dir={run}", "-q",
                         env={"TRAJTUNE_TEST_CRASH_RANK": "1", "TRAJTUNE_TEST_CRASH_STEP": "3",
                              "TRAJTUNE_DIST_TIMEOUT_S": "60"})
     outs = [p.communicate(timeout=300) for p in procs]  # a hang would fail here, not block the suite

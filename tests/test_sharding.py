@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from wire_fixtures import torchrun
+from wire_fixtures import launch_two, torchrun
 
 from trajtune.cli.main import app
 
@@ -174,6 +174,40 @@ def test_sharded_lora_sft_trains_the_adapter_like_one_process(sft_cfg, tmp_path)
     assert p.returncode == 0, _why(p)
     resumed = load_file(str(run / "final" / "adapter_model.safetensors"))
     assert all(torch.equal(resumed[k], two[k]) for k in two)
+
+
+def test_a_crashed_rank_stops_a_sharded_run_clearly_and_it_resumes_to_the_uninterrupted_weights(sft_cfg, sft_runs,
+                                                                                                 tmp_path):
+    two, _ = sft_runs
+    run = tmp_path / "crashed"
+    procs = launch_two("train", "--config", str(sft_cfg), "--set", f"output_dir={run}", "-q",
+                        env={"TRAJTUNE_TEST_CRASH_RANK": "1", "TRAJTUNE_TEST_CRASH_STEP": "3",
+                             "TRAJTUNE_DIST_TIMEOUT_S": "60"})
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert procs[1].returncode == 17 and procs[0].returncode == 9, outs[0][1][-3000:]
+    assert [ln for ln in outs[0][1].splitlines() if ln.startswith("error:")] == [
+        "error: rank 1 lost at step 3; resume with the same command and --resume: the last checkpoint is step 2 "
+        "(seen by rank 0)"], outs[0][1][-3000:]
+    p = torchrun("train", "--config", str(sft_cfg), "--set", f"output_dir={run}", "--resume", "-q")
+    assert p.returncode == 0, _why(p)
+    assert all(torch.equal(_weights(run)[k], v) for k, v in _weights(two).items())
+
+
+def test_a_peer_failure_inside_torch_becomes_rank_failed_and_other_errors_pass(monkeypatch):
+    """A sharded forward's parameter gathers are torch's own collectives: their failure (gloo's
+    "Connection closed by peer") is a lost rank, any other RuntimeError is still a bug."""
+    from trajtune import distributed as dist
+    from trajtune.errors import RankFailed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(RankFailed, match=r"rank 1 lost \(a sharded forward: .*Connection closed by peer"):
+        with dist.peer_failures("a sharded forward"):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1")
+    with pytest.raises(RuntimeError, match="shape mismatch") as e:
+        with dist.peer_failures("a sharded forward"):
+            raise RuntimeError("shape mismatch")
+    assert not isinstance(e.value, RankFailed)
 
 
 def _refused(overrides: list[str], algorithm: str, needle: str) -> None:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from trajtune.errors import ConfigError, RankFailed
@@ -128,16 +129,46 @@ def lost_ranks(wait_s: float = 2.0) -> list[int]:
     return gone
 
 
+def _rank_failed(err: BaseException, what: str) -> RankFailed:
+    lost = lost_ranks()
+    who = f"rank {', '.join(map(str, lost))}" if lost else "a rank (which one is not known here)"
+    first = (str(err).splitlines() or [""])[0][:200]
+    return RankFailed(f"{who} lost ({what}: {first})", lost)
+
+
 def _call(collective: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """Run one torch.distributed collective; its failure (a peer died, or the timeout passed) raises
     ``RankFailed`` naming the lost rank."""
     try:
         return collective(*args, **kwargs)
     except RuntimeError as e:  # what gloo and NCCL raise (DistBackendError is a RuntimeError)
-        lost = lost_ranks()
-        who = f"rank {', '.join(map(str, lost))}" if lost else "a rank (which one is not known here)"
-        first = (str(e).splitlines() or [""])[0][:200]
-        raise RankFailed(f"{who} lost ({getattr(collective, '__name__', 'collective')}: {first})", lost) from None
+        raise _rank_failed(e, getattr(collective, "__name__", "collective")) from None
+
+
+#: Words of the errors gloo and NCCL raise when a peer is gone or silent (lower case).
+_PEER_FAILURE = ("connection closed", "connection reset", "broken pipe", "timed out", "gloo", "nccl")
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a collective's failure (a peer died or stopped answering), not a bug."""
+    import torch.distributed as tdist
+
+    error_type = getattr(tdist, "DistError", None)
+    return (error_type is not None and isinstance(err, error_type)) \
+        or any(k in str(err).lower() for k in _PEER_FAILURE)
+
+
+@contextmanager
+def peer_failures(what: str) -> Iterator[None]:
+    """Collectives that torch runs itself (a sharded model's parameter gathers in every forward,
+    the gathers of a checkpoint) do not pass through ``_call``: inside this block, their failure
+    becomes ``RankFailed`` naming the lost rank as well. Any other error passes unchanged."""
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, RankFailed) or world_size() == 1 or not is_peer_failure(e):
+            raise
+        raise _rank_failed(e, what) from None
 
 
 def describe_loss(err: RankFailed, step: int, checkpoint: int | None) -> RankFailed:

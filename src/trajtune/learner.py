@@ -319,8 +319,9 @@ class Learner:
         if not self.sharded:
             dist.check_in_sync(self.params, self.step)
             return None, None
-        model_state = sharding.gather_model_state(self.model, trainable_only=is_peft(self.model))
-        return model_state, sharding.gather_optimizer_state(self.model, self.optimizer) if optimizer else None
+        with dist.peer_failures("gathering the checkpoint"):
+            model_state = sharding.gather_model_state(self.model, trainable_only=is_peft(self.model))
+            return model_state, sharding.gather_optimizer_state(self.model, self.optimizer) if optimizer else None
 
     def _write_checkpoint(self, final: Path, source_state: dict[str, Any] | None = None,
                           model_state: dict[str, Any] | None = None,
@@ -404,7 +405,8 @@ class Learner:
         ckpt = ckpt or self.latest_checkpoint()
         if ckpt is None:
             raise RunDirError(f"no checkpoint to resume from under {self.ckpt_root}")
-        self._load_weights(ckpt)
+        with dist.peer_failures("loading the checkpoint"):  # sharded: the loads scatter the shards
+            self._load_weights(ckpt)
         if self.extra is not None:
             path = ckpt / self.objective.module_file  # type: ignore[attr-defined]
             if not path.exists():
@@ -413,7 +415,8 @@ class Learner:
             self.extra.load_state_dict(load_file(path))
         st = torch.load(ckpt / "trainer_state.pt", weights_only=False)
         if self.sharded:  # the checkpoint holds full tensors in torch's format, whichever layout wrote it
-            sharding.load_optimizer_state(self.model, self.optimizer, st["optimizer"])
+            with dist.peer_failures("loading the checkpoint"):
+                sharding.load_optimizer_state(self.model, self.optimizer, st["optimizer"])
         else:
             self.optimizer.load_state_dict(st["optimizer"])
         self.scheduler.load_state_dict(st["scheduler"])
@@ -593,7 +596,8 @@ class Learner:
     def _fit(self, progress: Callable[[int, dict[str, float]], None] | None) -> dict[str, float]:
         set_seed(self.cfg.seed + self.step)
         try:
-            return self._loop(progress)
+            with dist.peer_failures("a sharded forward or backward pass"):
+                return self._loop(progress)
         except RankFailed as e:  # a collective failed: say which step, and where --resume continues
             raise self.rank_lost(e, self._current) from None
 
