@@ -228,6 +228,9 @@ class RLRunConfig(EnvRunBase):
         if self.rollout.server is not None and self.rl.async_rollouts:
             raise ValueError("rl.async_rollouts with rollout.server is not supported: the background sampler would "
                              "sample while the server's weights change; drop one of them")
+        if self.rollout.vllm is not None and self.rl.async_rollouts:
+            raise ValueError("rl.async_rollouts with rollout.vllm is not supported: the background sampler would "
+                             "sample while vLLM's weights change; drop one of them")
         return self
 
     @field_validator("train")
