@@ -437,6 +437,10 @@ def test_shorthands_and_what_else_is_refused(tmp_path, tiny_dir, monkeypatch):
     with pytest.raises(ConfigError, match="rollout.vllm does nothing with dpo.pairs"):
         load_run_config(None, ["model=m", f"output_dir={tmp_path}", f"dpo.pairs={pairs}", "rollout.vllm=true"],
                         algorithm="dpo")
+    model = load_model(str(tiny_dir))
+    setattr(model, SAMPLER_HOOK, lambda *a: None)  # a model with its own decoding (DualTune's)
+    with pytest.raises(ConfigError, match="carries its own sampler"):
+        vb.attach(None, _rl_cfg("m", tmp_path), model, tmp_path / "vllm")
     from trajtune import distributed as dist
     from trajtune.train import check_processes
 
