@@ -321,6 +321,37 @@ class ServerSpec(_C):
         return v
 
 
+class LogprobCheckSpec(_C):
+    """Compare vLLM's log-probs with the learner's on the same tokens (``rollout.vllm.logprob_check``)."""
+
+    every: int = Field(10, ge=0, description="check on the first sampling and again once at least this many "
+                                             "optimizer steps have passed since the last check; 0: never")
+    rows: int = Field(4, gt=0, description="turns checked each time (the first of the batch): one learner "
+                                           "forward pass each")
+    tolerance: float = Field(0.05, gt=0, description="the run stops (ServerError) when the mean |Δ log-prob| "
+                                                     "over the checked tokens exceeds this")
+    max_tolerance: float | None = Field(1.0, gt=0, description="the run stops when any token's |Δ log-prob| "
+                                                               "exceeds this (null: only the mean is checked)")
+
+
+class VLLMSpec(_C):
+    """Rollouts sampled in the learner's process by vLLM (docs/algorithms.md, Sampling with vLLM)."""
+
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="the share of the GPU's memory vLLM "
+                                                                       "takes (weights and KV cache); the learner "
+                                                                       "needs the rest")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="vLLM's weights and activations; auto: the learner's weights' dtype")
+    max_model_len: int | None = Field(None, gt=0, description="the longest sequence vLLM plans for; default: "
+                                                              "rollout.max_length")
+    enforce_eager: bool = Field(False, description="no CUDA graphs (faster start, slower decoding)")
+    sleep: bool = Field(False, description="release vLLM's GPU memory (weights and KV cache) while the "
+                                           "learner trains (vLLM sleep mode, level 2); woken and given the new "
+                                           "weights before the next sampling")
+    logprob_check: LogprobCheckSpec = Field(default_factory=LogprobCheckSpec,
+                                            description="check vLLM's log-probs against the learner's")
+
+
 _RolloutSpecFields = runtime_section("RolloutSpec", RolloutConfig, [
     "max_turns", "max_new_tokens", "max_length", "temperature", "top_p", "parser", "batch_size", "step_timeout_s",
     "reuse_kv_cache",
@@ -330,12 +361,15 @@ _RolloutSpecFields = runtime_section("RolloutSpec", RolloutConfig, [
         None, description="sample through a generation server (rl only): it returns the token ids and log-probs "
                           "that are stored, and loads the policy's weights after every step (a string is short for "
                           "server.url)")),
+    ("vllm", VLLMSpec | None, Field(
+        None, description="sample in the learner's process with vLLM (the vllm extra and a CUDA GPU): token ids "
+                          "in and out, the policy's weights loaded after every update (true is short for {})")),
 ])
 
 
 class RolloutSpec(_RolloutSpecFields):
     # How episodes are sampled: the RolloutConfig settings, plus where the environments run (ray) or
-    # where sampling happens (server). No docstring: the schema has none.
+    # where sampling happens (server, vllm). No docstring: the schema has none.
 
     def to_config(self) -> RolloutConfig:
         """The agent loop's settings (``rollout.RolloutConfig``); where the environments run is not one."""
@@ -350,6 +384,35 @@ class RolloutSpec(_RolloutSpecFields):
         if v != "auto" and v not in available_parsers():
             raise ValueError(f"unknown tool-call parser {v!r}; available: auto, {', '.join(available_parsers())}")
         return v
+
+    @field_validator("vllm", mode="before")
+    @classmethod
+    def _vllm_shorthand(cls, v: Any) -> Any:
+        return {} if v is True else None if v is False else v
+
+    @model_validator(mode="after")
+    def _vllm_combinations(self) -> "RolloutSpec":
+        v = self.vllm
+        if v is None:
+            return self
+        if self.server is not None:
+            raise ValueError("rollout.vllm with rollout.server: use one of them (vLLM in the learner's process, or "
+                             "a generation server)")
+        if "reuse_kv_cache" in self.non_default():
+            raise ValueError("rollout.reuse_kv_cache does nothing with rollout.vllm (vLLM keeps its own prefix "
+                             "cache); remove it")
+        if self.temperature > 2:
+            raise ValueError(f"rollout.temperature {self.temperature} with rollout.vllm: vLLM samples at "
+                             "temperatures up to 2")
+        if self.top_p < 1 and self.temperature not in (0, 1):
+            raise ValueError("rollout.top_p < 1 with rollout.vllm needs rollout.temperature 0 or 1: vLLM returns "
+                             "either the raw log-probs (temperature 1) or those after temperature and top-p; "
+                             "the objective needs log-softmax(logits / temperature) before top-p, which is one of "
+                             "them only at temperature 0 or 1 (or with top_p 1)")
+        if v.max_model_len is not None and v.max_model_len < self.max_length:
+            raise ValueError(f"rollout.vllm.max_model_len ({v.max_model_len}) < rollout.max_length "
+                             f"({self.max_length}): an episode could outgrow what vLLM plans for")
+        return self
 
     @model_validator(mode="after")
     def _server_combinations(self) -> "RolloutSpec":

@@ -114,7 +114,8 @@ def storage_error(e: BaseException) -> StorageError | None:
 class ServerError(UserError, RuntimeError):
     """A generation server (``rollout.server``) that cannot be used: unreachable, answering with an
     HTTP error, or unable to return what token-exact RL needs (token ids, log-probs, weight sync).
-    The message names the URL and what failed."""
+    The message names the URL and what failed. Also the in-process vLLM engine (``rollout.vllm``)
+    when it returns turns trajtune did not ask for, or log-probs that are not the learner's."""
 
     exit_code = 8
 class RankFailed(UserError, RuntimeError):
@@ -149,8 +150,8 @@ EXIT_CODES: dict[int, str] = {
     EnvError.exit_code: "unknown environment or bad environment arguments (EnvError)",
     OutputError.exit_code: "output exists, nothing to resume, a resume would change the config, or the disk "
                            "refuses the write: full, read-only (OutputError, RunDirError, StorageError)",
-    ServerError.exit_code: "a generation server is unreachable, fails, or cannot return token ids / log-probs "
-                           "(ServerError)",
+    ServerError.exit_code: "a generation server is unreachable, fails, or cannot return token ids / log-probs; "
+                           "vLLM's log-probs differ from the learner's (ServerError)",
     RankFailed.exit_code: "a process of a multi-process run died or stopped answering (RankFailed); the message "
                           "names the checkpoint --resume continues from",
     Interrupted.exit_code: "interrupted with Ctrl-C (Interrupted); the message says how to continue",

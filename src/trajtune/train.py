@@ -45,6 +45,8 @@ from trajtune.report import report_after_run
 from trajtune.rollout import RolloutConfig
 from trajtune.schema import atomic_write_text
 from trajtune.tracking import Tracker, check_installed
+from trajtune.vllm_backend import attach as attach_vllm
+from trajtune.vllm_backend import check_available as check_vllm_available
 
 
 @dataclass
@@ -283,6 +285,9 @@ def check_processes(cfg: RunBase) -> None:
     if getattr(rollout, "server", None) is not None:
         raise ConfigError(f"rollout.server with {world} processes is not supported: every rank would push its weights "
                           "to the server; launch a single process")
+    if getattr(rollout, "vllm", None) is not None:
+        raise ConfigError(f"rollout.vllm with {world} processes is not supported: every rank would start its own "
+                          "vLLM engine on the GPU; launch a single process")
     rl = getattr(cfg, "rl", None)
     if getattr(rl, "async_rollouts", False):
         raise ConfigError(f"rl.async_rollouts with {world} processes is not supported (its background sampler would "
@@ -316,6 +321,7 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
         console.print(UNSHARDED_NOTE, highlight=False, soft_wrap=True)
     if cfg.tracking:
         check_installed(cfg.tracking)  # before anything is written or loaded
+    check_vllm_available(cfg)  # rollout.vllm: vLLM importable and a CUDA GPU, before anything is written
     st, diff = open_run(cfg, kind, overwrite, resume, allow_config_change)
     dist.barrier()  # every rank has checked the directory before rank 0 changes it
     if st.status == "finished":
@@ -351,6 +357,8 @@ def run(cfg: RunBase, *, overwrite: bool = False, resume: bool = False, quiet: b
 
     ctx.load_reference = reference
     recipe = algo.build(cfg, ctx, prepared)
+    if getattr(getattr(cfg, "rollout", None), "vllm", None) is not None:  # every rollout of the run through vLLM
+        recipe = attach_vllm(recipe, cfg, ctx.model, out / "vllm", quiet)
     hook = _eval_hook(cfg, tok, renderer, _eval_rollout(cfg))
     tracker = None
     if cfg.tracking and dist.is_main():

@@ -404,6 +404,8 @@ class DPORunConfig(RunBase):
             if d.reference == "sampling":
                 raise ValueError("dpo.reference: sampling needs the sampling log-probs of mined pairs; a pair file "
                                  "has none (use reference: model)")
+            if self.rollout.vllm is not None:
+                raise ValueError("rollout.vllm does nothing with dpo.pairs (no rollouts are sampled); remove it")
         step_only = {"value_gap", "states_per_task"} & s
         if d.level == "trajectory" and step_only:
             raise ValueError(f"dpo.{sorted(step_only)[0]} only applies to dpo.level: step")

@@ -232,6 +232,9 @@ class RLRunConfig(EnvRunBase):
             raise ValueError(f"rl.credit: {self.rl.credit} with a value head (gae, or mc_critic.value_weight > 0) is not "
                              "supported with train.sharding: fsdp (the head would stay outside the sharded model); "
                              "use train.sharding: none or another rl.credit")
+        if self.rollout.vllm is not None and self.rl.async_rollouts:
+            raise ValueError("rl.async_rollouts with rollout.vllm is not supported: the background sampler would "
+                             "sample while vLLM's weights change; drop one of them")
         return self
 
     @field_validator("train")
