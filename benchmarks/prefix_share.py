@@ -1,12 +1,16 @@
-"""Shared-prefix training: forward + backward of a GRPO-like micro-batch with train.share_prefix on vs off.
+"""Shared-prefix training: forward + backward of a GRPO-like micro-batch (or a DPO pair) with train.share_prefix on vs off.
 
 The micro-batch is G rows sharing one prompt (random tokens) with short completions, the shape of
 a GRPO group; the loss is the clipped policy-gradient surrogate (``PolicyGradientObjective``).
+``--objective dpo``: the rows are (chosen, rejected) pairs of that prompt, and a step is what a DPO
+step computes: the reference log-probs (a no-grad forward of the same weights, shared or not like
+the policy's) plus the DPO loss's forward and backward.
 Runs are interleaved (off, on, off, on, ...) on one thread, after a warm-up of each; min and
 median seconds are reported. Prints a table and writes JSON. A benchmark, not a test: never asserted.
 
     python benchmarks/prefix_share.py                        # the demo-size tiny model (micro preset)
     python benchmarks/prefix_share.py --model smollm2-135m   # SmolLM2-135M (cached locally)
+    python benchmarks/prefix_share.py --model smollm2-135m --objective dpo --rows 2 --threads 2
 """
 
 from __future__ import annotations
@@ -51,9 +55,16 @@ def micro_batch(vocab: int, rows: int, prompt: int, completion: int, seed: int =
 def step_seconds(model, objective, tts, share: bool) -> float:
     from trajtune.algorithms.batch import collate
 
+    from trajtune.algorithms.batch import token_logprobs
+    from trajtune.algorithms.dpo import DPOObjective
+
     model.zero_grad(set_to_none=True)
     t0 = time.perf_counter()
     batch = collate(tts, 0, share_prefix=share)
+    if isinstance(objective, DPOObjective):  # the reference forward a DPO step runs (here: the same weights)
+        with torch.no_grad():
+            ref, _ = token_logprobs(model, batch)
+        batch.ref_logprobs = torch.cat([ref.new_zeros(ref.shape[0], 1), ref], 1)
     loss, _ = objective.loss_sum(model, batch)
     loss.backward()
     return time.perf_counter() - t0
@@ -69,10 +80,14 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=10, help="timed runs of each setting")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/prefix_share[_MODEL].json)")
+    ap.add_argument("--objective", choices=["pg", "dpo"], default="pg",
+                    help="pg: a GRPO group's policy-gradient loss; dpo: (chosen, rejected) pairs with reference log-probs")
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default benchmarks/results/prefix_share[_dpo][_MODEL].json)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
 
+    from trajtune.algorithms.dpo import DPOObjective
     from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 
     if a.model == "tiny":
@@ -88,7 +103,9 @@ def main() -> None:
     model.train()
     params = sum(p.numel() for p in model.parameters())
     tts = micro_batch(vocab, a.rows, a.prompt, a.completion)
-    objective = PolicyGradientObjective()
+    if a.objective == "dpo" and a.rows % 2:
+        raise SystemExit("--objective dpo needs an even --rows (chosen, rejected pairs)")
+    objective = PolicyGradientObjective() if a.objective == "pg" else DPOObjective()
 
     for share in (False, True):  # warm-up
         step_seconds(model, objective, tts, share)
@@ -100,18 +117,19 @@ def main() -> None:
     rows = {k: {"min_s": min(v), "median_s": statistics.median(v), "runs": v} for k, v in times.items()}
     speedup_min = rows["off"]["min_s"] / rows["on"]["min_s"]
     speedup_med = rows["off"]["median_s"] / rows["on"]["median_s"]
-    print(f"model {name} ({params / 1e6:.1f}M params), {a.rows} rows × ({a.prompt} prompt + ~{a.completion} "
+    print(f"model {name} ({params / 1e6:.1f}M params), objective {a.objective}, {a.rows} rows × ({a.prompt} prompt + ~{a.completion} "
           f"completion tokens), forward + backward, {a.threads} thread(s), {a.repeats} interleaved runs each")
     print(f"{'share_prefix':<14}{'min s':>10}{'median s':>11}")
     for k in ("off", "on"):
         print(f"{k:<14}{rows[k]['min_s']:>10.4f}{rows[k]['median_s']:>11.4f}")
     print(f"{'speed-up':<14}{speedup_min:>9.2f}×{speedup_med:>10.2f}×")
 
+    stem = "prefix_share" + ("_dpo" if a.objective == "dpo" else "")
     out = Path(a.out) if a.out else Path(__file__).parent / "results" / (
-        "prefix_share.json" if a.model == "tiny" else f"prefix_share_{a.model}.json")
+        f"{stem}.json" if a.model == "tiny" else f"{stem}_{a.model}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "benchmark": "prefix_share", "model": name, "parameters": params, "rows": a.rows, "prompt_tokens": a.prompt,
+        "benchmark": "prefix_share", "objective": a.objective, "model": name, "parameters": params, "rows": a.rows, "prompt_tokens": a.prompt,
         "completion_tokens": a.completion, "threads": a.threads, "repeats": a.repeats,
         "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
         "results": rows, "speedup_min": speedup_min, "speedup_median": speedup_med,

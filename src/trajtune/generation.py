@@ -222,9 +222,8 @@ class CachedSampler:
         results = []
         for r in range(b):
             lo, hi = width - have[r], width + news[r]
-            row_layers = [(torch.cat([lay.keys[r:r + 1, :, lo:width], lay.keys[r:r + 1, :, width:hi]], 2),
-                           torch.cat([lay.values[r:r + 1, :, lo:width], lay.values[r:r + 1, :, width:hi]], 2))
-                          for lay in cache.layers]
+            # the row's cached and new tokens are adjacent (lo..width..hi): a view, not a copy
+            row_layers = [(lay.keys[r:r + 1, :, lo:hi], lay.values[r:r + 1, :, lo:hi]) for lay in cache.layers]
             results.append((logits[r, keep.index(news[r] - 1)], RowCache(row_layers, have[r] + news[r])))
         return results
 

@@ -1,0 +1,109 @@
+"""Real-model decoding speed against the roofline: SmolLM2-135M's cached sampler on `fncall` prompts
+at batch 1, 8 and 32, in tokens/s and as a fraction of this machine's limits (roofline.json).
+
+Each batch size runs one turn twice per repeat, interleaved across batch sizes: with 1 new token
+(the prefill alone) and with ``--new`` tokens (no stop token, so every row samples all of them);
+decoding tokens/s is batch · (new − 1) / (t_full − t_prefill), min over repeats. Reported beside it:
+model FLOPs per second (2·N + attention at the mean context, ``_roofline.model_flops_per_token``)
+÷ the measured matmul peak at M = batch, and for batch 1 the weight bytes read per second ÷ the read
+bandwidth. ``--profile`` prints torch's operator profile of one full turn at the largest batch.
+Prints a table and writes JSON. A benchmark, not a test.
+
+    python benchmarks/roofline.py                 # once: this machine's limits
+    python benchmarks/decode_speed.py --threads 2 --repeats 3 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from _roofline import decode_bandwidth_fraction, fraction, load_limits, model_flops_per_token
+
+
+def fncall_prompts(tok: object, n: int) -> list[list[int]]:
+    """``n`` distinct `fncall` first prompts (system prompt, tool schemas, request) as token ids."""
+    from trajtune.chat.render import ChatRenderer
+    from trajtune.envs.registry import make_env
+
+    renderer = ChatRenderer(tok)
+    env = make_env("fncall", single_turn=True)
+    out = []
+    for task in env.tasks("train", n, seed=0):
+        res = make_env("fncall", single_turn=True).reset(task)
+        out.append(renderer.prompt_ids(res.messages, res.tools))
+    return out
+
+
+def turn_seconds(sampler: object, prompts: list[list[int]], new: int, seed: int) -> float:
+    rows = [(None, p) for p in prompts]
+    t0 = time.perf_counter()
+    sampler.turn(rows, [new] * len(rows), seed)  # type: ignore[attr-defined]
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--new", type=int, default=32, help="tokens sampled per row")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="print the operator profile at the largest batch")
+    ap.add_argument("--out", default="benchmarks/results/decode_speed.json")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from trajtune.generation import CachedSampler
+    from trajtune.models.loading import load_model, load_tokenizer
+
+    model = load_model(a.model, dtype="float32", trainable=False)
+    model.eval()
+    tok = load_tokenizer(a.model)
+    limits = load_limits()
+    prompts = fncall_prompts(tok, max(a.batches))
+    sampler = CachedSampler(model, 1.0, 1.0, stop_ids=[])  # no stop: every row samples --new tokens
+    turn_seconds(sampler, prompts[:2], 4, 0)  # warm-up
+    times: dict[int, dict[str, list[float]]] = {b: {"prefill": [], "full": []} for b in a.batches}
+    for rep in range(a.repeats):
+        for b in a.batches:
+            times[b]["prefill"].append(turn_seconds(sampler, prompts[:b], 1, rep))
+            times[b]["full"].append(turn_seconds(sampler, prompts[:b], a.new, rep))
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    rows = []
+    print(f"{a.model}: fncall prompts (mean {sum(map(len, prompts)) / len(prompts):.0f} tokens), {a.new} new tokens "
+          f"per row, {a.threads} threads, min of {a.repeats}")
+    print(f"{'batch':>5} {'prefill s':>10} {'turn s':>8} {'decode tok/s':>13} {'GFLOP/s':>8} {'÷ matmul peak':>14} "
+          f"{'÷ read bandwidth':>17}")
+    for b in a.batches:
+        pre, full = min(times[b]["prefill"]), min(times[b]["full"])
+        tps = b * (a.new - 1) / (full - pre)
+        ctx = sum(len(p) for p in prompts[:b]) / b + a.new / 2
+        gflops = tps * model_flops_per_token(model.config, int(ctx), training=False) / 1e9
+        row = {"batch": b, "prefill_s": pre, "turn_s": full, "decode_tokens_per_s": tps, "gflops": gflops,
+               "matmul_fraction": fraction(gflops * 1e9, limits, a.threads, m=b if b in (1, 8, 32) else None),
+               "bandwidth_fraction": decode_bandwidth_fraction(weight_bytes, tps, limits, a.threads, batch=b),
+               "runs": times[b]}
+        rows.append(row)
+        print(f"{b:5d} {pre:10.2f} {full:8.2f} {tps:13.1f} {gflops:8.1f} {row['matmul_fraction']:14.0%} "
+              f"{row['bandwidth_fraction']:17.0%}")
+    profile = None
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU]) as p:
+            turn_seconds(sampler, prompts[:max(a.batches)], a.new, 99)
+        profile = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+        print(profile)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"benchmark": "decode_speed", "model": a.model, "threads": a.threads,
+                                       "new_tokens": a.new, "repeats": a.repeats, "torch": torch.__version__,
+                                       "rows": rows, "profile": profile}, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
