@@ -39,6 +39,7 @@ import torch
 from trajtune.algorithms.base import Objective
 from trajtune import distributed as dist
 from trajtune.algorithms.batch import collate
+from trajtune.algorithms.lm_head import ChunkTokens
 from trajtune.tokens import TokenTrajectory
 from trajtune.errors import DataError, RankFailed, RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
@@ -86,6 +87,12 @@ class LearnerConfig:
                                                    "group's prompt) compute that prefix once and attend to it "
                                                    "through the KV cache; exact gradients; plain full-attention "
                                                    "models only, others fall back (docs/algorithms.md)")
+    loss_chunk_tokens: ChunkTokens = setting(
+        "auto", description="positions per chunk of the LM head and log-softmax in the loss (SFT, RL, DPO), so the "
+                            "full [rows, positions, vocabulary] logits never exist at once; each chunk's logits are "
+                            "recomputed in the backward pass. auto: chunks of at most 64 MiB of float32 logits (341 "
+                            "positions at a 49 k vocabulary); 0: off, the model's logits all at once. Exact either "
+                            "way; models that change their logits after the head fall back (docs/speed.md)")
 
 
 def set_seed(seed: int) -> None:
@@ -427,7 +434,8 @@ class Learner:
         """One optimizer update on ``tts`` (accumulated over micro-batches); None when nothing is trained."""
         if self.world > 1:  # this rank's share: units r, r + W, ... (whole units, like micro-batches)
             tts = [t for u in split_units(tts)[self.rank::self.world] for t in u]
-        batches = [collate(mb, self.pad_id, share_prefix=self.cfg.share_prefix).to(self.accelerator.device)
+        batches = [collate(mb, self.pad_id, share_prefix=self.cfg.share_prefix,
+                           loss_chunk_tokens=self.cfg.loss_chunk_tokens).to(self.accelerator.device)
                    for mb in self._micro_batches(tts)] if tts else []
         denom = dist.all_sum([sum(self.objective.denominator(b) for b in batches)])[0]
         if denom <= 0:
