@@ -110,14 +110,14 @@ def test_sft_loss_metrics_and_gradients_equal_the_unchunked_ones(kind, adapter, 
 
 def test_sft_sends_only_trained_positions_through_the_head():
     """The unchunked forward computes logits at every (row, kept position); the chunked one only
-    where that row trains the token (the other rows' padding and prompt are skipped)."""
+    where that row trains the token (the other rows' padding and prompt are skipped), once in the
+    forward and once more in the backward."""
     model = build()
     tts = sft_rows()
-    whole, rows = assert_chunked_equals_unchunked(model, SFTObjective(), tts, chunk=1000, split=False)
-    b = collate(tts, 0)
-    mask = b.loss_mask()
+    whole, rows = assert_chunked_equals_unchunked(model, SFTObjective(), tts, chunk=10)
+    mask = collate(tts, 0).loss_mask()
     assert whole == [mask.shape[0] * int(mask.any(0).sum())]
-    assert rows[0] == int(mask.sum()) < whole[0]
+    assert sum(rows) == 2 * int(mask.sum()) and int(mask.sum()) < whole[0]
 
 
 @pytest.mark.parametrize("adapter", ["full", "lora"])
@@ -215,16 +215,20 @@ def test_auto_chunks_hold_at_most_64_mib_of_float32_logits():
     assert lm_head.chunk_positions(0, 49152) == 0 and lm_head.chunk_positions(512, 49152) == 512
 
 
-def test_one_chunk_is_computed_directly_without_a_recompute():
-    """auto with a 101-token vocabulary fits every position in one chunk: the head runs once in the
-    forward and is not recomputed in the backward (a checkpoint of one chunk would save nothing)."""
+@pytest.mark.parametrize("objective", [PG, SFTObjective()])
+def test_what_fits_in_one_chunk_is_computed_as_without_chunking(objective):
+    """auto with a 101-token vocabulary fits every position in one chunk: the model's own forward
+    computes the logits, once, as with chunking off (a checkpoint of one chunk would save nothing)."""
     model = build()
+    tts = grpo_group(torch.Generator().manual_seed(8))
     rows, h = head_rows(model)
     try:
-        run(model, PG, grpo_group(torch.Generator().manual_seed(8)), "auto")
+        a = run(model, objective, tts, 0)
+        b = run(model, objective, tts, "auto")
     finally:
         h.remove()
-    assert len(rows) == 1
+    assert len(rows) == 2 and rows[0] == rows[1]
+    assert a[0] == b[0] and all(torch.equal(a[2][n], b[2][n]) for n in a[2])
 
 
 def test_the_config_key_defaults_to_auto_and_refuses_what_is_not_a_size():

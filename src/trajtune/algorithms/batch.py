@@ -111,10 +111,13 @@ def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
     return _plain_logprobs(model, batch, keep, temperature), None
 
 
-def kept_head_input(model: Any, batch: Batch, keep: torch.Tensor, **kwargs: Any) -> HeadInput:
+def kept_head_input(model: Any, batch: Batch, keep: torch.Tensor, positions: int | None = None,
+                    **kwargs: Any) -> HeadInput:
     """The forward of ``batch`` at the hidden-state positions ``keep`` (each predicting the next
-    token): the hidden states (or logits) that ``head_logprobs`` turns into log-probs, chunk by chunk."""
-    return forward_kept(model, keep, batch.loss_chunk_tokens, input_ids=batch.input_ids,
+    token): the hidden states (or logits) that ``head_logprobs`` turns into log-probs, chunk by
+    chunk. ``positions``: how many go through the head (default: every row at every kept position)."""
+    n = batch.input_ids.shape[0] * keep.numel() if positions is None else positions
+    return forward_kept(model, keep, batch.loss_chunk_tokens, n, input_ids=batch.input_ids,
                         attention_mask=batch.attention_mask, use_cache=False, **kwargs)
 
 

@@ -1,8 +1,9 @@
 """Log-probs from the LM head in chunks of positions, so the ``[B, K, V]`` logits never exist at once.
 
-Why: with a real vocabulary the logits are the largest activation of a training step (SmolLM2's
-49,152 tokens: 1,160 positions of float32 logits are 228 MB, and the log-softmax, its gradient and
-the logits' gradient are as large again), while the hidden states they come from are 85× smaller.
+Why: with a real vocabulary the logits can be the largest activation of a training step (SmolLM2's
+49,152 tokens: 1,084 trained positions of float32 logits are 213 MB, and the log-softmax, its
+gradient and the logits' gradient are as large again), while the hidden states they come from are
+85× smaller.
 
 How: the model runs as always (its decoder, final norm, adapters, ``logits_to_keep``) with its
 output-embedding module, the LM head, swapped for the identity during the call, so what it returns
@@ -12,7 +13,8 @@ activation checkpoint: the chunk's logits are freed after its forward and recomp
 backward, one chunk at a time. Each row of a matmul depends only on its own input row, so the
 log-probs and gradients equal the unchunked computation's up to float rounding
 (tests/test_lm_head.py checks 1e-9 in float64). The price is the head's forward once more in the
-backward, for the positions that need logits only.
+backward, for the positions that need logits only. A loss whose positions fit in one chunk gains
+nothing from it: the model's own forward computes its logits, exactly as with chunking off.
 
 Only model types whose causal-LM forward ends in ``logits = lm_head(hidden)`` (nothing after the
 head: no softcapping, no logit scale) are split; the rest keep the model's own logits, with one
@@ -124,23 +126,33 @@ def _slice(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return x if x.shape[1] == keep.numel() else x[:, keep]  # the model ignored logits_to_keep
 
 
-def forward_kept(model: Any, keep: torch.Tensor, chunk: ChunkTokens, **kwargs: Any) -> HeadInput:
-    """``model(**kwargs)`` at the positions ``keep`` (each predicting the next token): hidden states
-    and the head when the head can be split and ``chunk`` is not 0, the model's logits otherwise."""
-    reason = "train.loss_chunk_tokens: 0" if chunk == 0 else unsplit_reason(model)
-    if reason is None:
-        head = model.get_output_embeddings()
-        rows = chunk_positions(chunk, int(base_model(model).config.vocab_size))
-        with _hidden_instead_of_logits(head):
-            out = model(**kwargs, logits_to_keep=keep)
-        return HeadInput(_slice(out.logits, keep), head, rows, out)
-    if chunk != 0:
-        _tell_once(reason)
+def _own_logits(model: Any, keep: torch.Tensor, kwargs: dict[str, Any]) -> HeadInput:
     try:
         out = model(**kwargs, logits_to_keep=keep)
     except TypeError:  # a model without the argument: the full forward, sliced
         out = model(**kwargs)
     return HeadInput(_slice(out.logits, keep), None, 0, out)
+
+
+def forward_kept(model: Any, keep: torch.Tensor, chunk: ChunkTokens, positions: int, **kwargs: Any) -> HeadInput:
+    """``model(**kwargs)`` at the positions ``keep`` (each predicting the next token), for a loss
+    that sends ``positions`` of them through the head (rows × kept positions, or fewer: SFT's
+    trained ones): hidden states and the head when they need more than one chunk of ``chunk`` and
+    the head can be split; else the model's own logits, as with chunking off (one chunk would save
+    nothing, and this keeps such steps exactly as they were)."""
+    if chunk == 0:
+        return _own_logits(model, keep, kwargs)
+    reason = unsplit_reason(model)
+    if reason is not None:
+        _tell_once(reason)
+        return _own_logits(model, keep, kwargs)
+    rows = chunk_positions(chunk, int(base_model(model).config.vocab_size))
+    if positions <= rows:
+        return _own_logits(model, keep, kwargs)
+    head = model.get_output_embeddings()
+    with _hidden_instead_of_logits(head):
+        out = model(**kwargs, logits_to_keep=keep)
+    return HeadInput(_slice(out.logits, keep), head, rows, out)
 
 
 def _chunk(head: Any | None, x: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -163,8 +175,8 @@ def head_logprobs(inp: HeadInput, targets: torch.Tensor, temperature: float = 1.
     candidate tokens per position; J > 1 when rows share a position, as a shared prefix's do), the
     result has the same shape; with ``stats``, also its statistics ``[..., S]``.
 
-    More positions than ``inp.rows`` go through the head one chunk at a time, each checkpointed
-    when a gradient is needed (one chunk is computed directly: checkpointing it would save nothing)."""
+    Hidden states go through the head ``inp.rows`` positions at a time, each chunk checkpointed
+    when a gradient is needed; logits are used as they are."""
     lead = targets.shape[:-1]
     x = inp.x.reshape(-1, inp.x.shape[-1])
     t = targets.reshape(x.shape[0], -1)

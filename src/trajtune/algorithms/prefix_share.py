@@ -227,8 +227,8 @@ def find_groups(seqs: list[list[int]], min_prefix: int = MIN_PREFIX) -> list[tup
 def _call(model: Any, kwarg: str, cache: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
           keep: torch.Tensor, chunk: ChunkTokens) -> HeadInput:
     # under checkpointing transformers turns use_cache off (with a warning); the cache passed is used either way
-    return forward_kept(model, keep, chunk, input_ids=ids, attention_mask=attn, position_ids=pos,
-                        use_cache=not _checkpointing(model), **{kwarg: cache})
+    return forward_kept(model, keep, chunk, ids.shape[0] * keep.numel(), input_ids=ids, attention_mask=attn,
+                        position_ids=pos, use_cache=not _checkpointing(model), **{kwarg: cache})
 
 
 def group_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[int], p: int,

@@ -76,8 +76,8 @@ class SFTObjective:
         keep = mask.any(0).nonzero().squeeze(-1)
         if keep.numel() == 0:
             keep = torch.zeros(1, dtype=torch.long)
-        inp = kept_head_input(model, batch, keep)
         m = mask[:, keep]
+        inp = kept_head_input(model, batch, keep, positions=int(m.sum()))
         targets = batch.input_ids[:, 1:][:, keep]
         w = m * batch.weight[:, 1:][:, keep]
         if inp.head is not None:  # hidden states: only the trained (row, position) pairs go through the head
