@@ -56,6 +56,26 @@ def _rows(model: str, n: int, max_length: int) -> tuple[Any, list[Any]]:
     return tok, rows
 
 
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+
+
+def _trace_optimizer(optimizer: Any, trace: list[tuple[str, float]]) -> Any:
+    """Record the peak RSS before and after every optimizer step (peak RSS only grows, so the
+    increments say which phase set it: the forward and backward, or the optimizer step); returns
+    a function that undoes the wrapping."""
+    step = optimizer.step
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        trace.append(("forward+backward", _peak_rss_gb()))
+        out = step(*args, **kwargs)
+        trace.append(("optimizer step", _peak_rss_gb()))
+        return out
+
+    optimizer.step = traced
+    return lambda: setattr(optimizer, "step", step)
+
+
 def worker(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -69,20 +89,24 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     tokens = [sum(len(r) for r in b) for b in batches]
     times: list[float] = []
     losses: list[float] = []
+    rss_trace: list[tuple[str, float]] = []  # trajtune: the peak RSS so far, before and after each optimizer step
     if a.side == "trajtune":
         from trajtune.algorithms.sft import SFTObjective
         from trajtune.experience import DatasetSource
         from trajtune.learner import Learner, LearnerConfig
 
         model = load_model(path, dtype="float32", gradient_checkpointing=a.gc)
+        chunk = a.loss_chunk_tokens if a.loss_chunk_tokens == "auto" else int(a.loss_chunk_tokens)
         cfg = LearnerConfig(steps=a.steps + 1, lr=1e-5, schedule="constant", micro_batch_size=a.batch,
-                            max_grad_norm=1.0)
+                            max_grad_norm=1.0, loss_chunk_tokens=chunk)
         learner = Learner(model, tok, SFTObjective(), DatasetSource(rows, a.batch, seed=0), cfg,
                           Path(tempfile.mkdtemp()) / "run")
+        trace = _trace_optimizer(learner.optimizer, rss_trace)
         for b in batches:
             t = time.perf_counter()
             losses.append(float(learner.train_step(b)["loss"]))
             times.append(time.perf_counter() - t)
+        trace()
     else:
         import trl
         from datasets import Dataset
@@ -117,7 +141,7 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
     # the first step's loss (same weights, same rows) checks that both sides train the same objective
     return {"side": a.side, "gc": a.gc, "first_loss": losses[0] if losses else None, "tokens_per_s": sum(timed_tokens) / sum(timed),
             "median_step_s": statistics.median(timed), "step_s": timed, "tokens": timed_tokens,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2,
+            "peak_rss_gb": _peak_rss_gb(), "rss_trace_gb": rss_trace,
             "trl": __import__("trl").__version__ if a.side == "trl" else None}
 
 
@@ -200,7 +224,7 @@ def grpo_worker(a: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
     timed = times[1:]
     return {"side": a.side, "gc": a.gc, "median_step_s": statistics.median(timed), "step_s": timed,
-            "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2,
+            "peak_rss_gb": _peak_rss_gb(),
             "trl": __import__("trl").__version__ if a.side == "trl" else None}
 
 
@@ -218,6 +242,7 @@ def main() -> None:
                          f"{GRPO_TASKS} prompts × {GRPO_GROUP} samples of ≤ {GRPO_NEW} tokens per step")
     ap.add_argument("--worker", choices=["trajtune", "trl"], help=argparse.SUPPRESS, dest="side")
     ap.add_argument("--gc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--loss-chunk-tokens", default="auto", help="trajtune's train.loss_chunk_tokens (auto, 0: off, N)")
     a = ap.parse_args()
     if a.side:
         print(json.dumps(worker(a) if a.task == "sft" else grpo_worker(a)))

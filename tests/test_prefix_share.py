@@ -1,10 +1,8 @@
 """Shared-prefix training (``trajtune.algorithms.prefix_share``): loss and every parameter's gradient
 with sharing on equal the plain forward's within 1e-9 in float64, and what cannot share falls back.
 
-The models are tiny Qwen2 / Llama decoders made here in float64. Their RMSNorm computes in float32
-(transformers upcasts half-precision inputs that way), which would round every gradient through it
-to float32 and hide the comparison under ~1e-7 of summation-order noise; the fixture swaps it for
-the same formula in the input's dtype, so the whole model is float64 and 1e-9 is meaningful."""
+The models are tiny float64 Qwen2 / Llama / Qwen3 decoders (tests/decoder_fixtures.py, which says why
+their RMSNorm is swapped for a float64 one)."""
 
 from __future__ import annotations
 
@@ -18,96 +16,19 @@ from trajtune.algorithms import prefix_share as ps
 from trajtune.algorithms.batch import collate, token_logprobs
 from trajtune.algorithms.dpo import DPOObjective
 from trajtune.algorithms.policy_gradient import PolicyGradientObjective
-from trajtune.tokens import SOURCE_ENV, SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
+from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT
+
+from decoder_fixtures import (checkpointing, episode, float64_norms, gpt2, grpo_group, lora, make_model, multi_turn,
+                              rand_ids)
 
 torch.set_num_threads(1)
-V = 101
 TOL = 1e-9
 
 
-def _rmsnorm_in_input_dtype(self, h):
-    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-
-
 @pytest.fixture(autouse=True)
-def float64_norms(monkeypatch):
-    from transformers.models.llama import modeling_llama
-    from transformers.models.qwen2 import modeling_qwen2
-    from transformers.models.qwen3 import modeling_qwen3
-
-    monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rmsnorm_in_input_dtype)
-    monkeypatch.setattr(modeling_qwen3.Qwen3RMSNorm, "forward", _rmsnorm_in_input_dtype)
-    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rmsnorm_in_input_dtype)
+def float64(monkeypatch):
+    float64_norms(monkeypatch)
     monkeypatch.setattr(ps, "_told", set())
-
-
-def make_model(kind: str = "qwen2", **cfg):
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
-
-    shape = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=256, **cfg)
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**shape))
-    elif kind == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, **shape))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **shape))
-    return model.double().train()
-
-
-def lora(model):
-    from peft import LoraConfig, get_peft_model
-
-    m = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
-                                         task_type="CAUSAL_LM"))
-    torch.manual_seed(1)
-    for n, p in m.named_parameters():  # B starts at 0: give the adapter a non-zero effect
-        if "lora_B" in n:
-            p.data.normal_(0, 0.1)
-    return m.train()
-
-
-def checkpointing(model):
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
-
-
-def _rand(g, n):
-    return torch.randint(3, V, (n,), generator=g).tolist()
-
-
-def episode(ids_src: list[tuple[list[int], int]], adv: float, group: str = "", seed: int = 0) -> TokenTrajectory:
-    ids = [i for part, _ in ids_src for i in part]
-    src = [s for part, s in ids_src for _ in part]
-    g = torch.Generator().manual_seed(seed)
-    lp = [float(-torch.rand(1, generator=g)) if s == SOURCE_POLICY else 0.0 for s in src]
-    return TokenTrajectory(ids=ids, source=src, turn=[0] * len(ids), weight=[1.0] * len(ids), logprobs=lp,
-                           advantages=[adv if s == SOURCE_POLICY else 0.0 for s in src], group=group)
-
-
-def grpo_group(g, prompt_len=40, lengths=(5, 11, 3, 17), group="g0", offset=0):
-    prompt = _rand(g, prompt_len)
-    return [episode([(prompt, SOURCE_PROMPT), (_rand(g, n), SOURCE_POLICY)], (-1) ** k * (0.5 + k), group,
-                    seed=offset + k) for k, n in enumerate(lengths)]
-
-
-def multi_turn(g):
-    """Episodes of one task: a shared prompt, first action and observation, then they diverge (the
-    common prefix ends inside the second turn, after policy tokens)."""
-    prompt, act, obs = _rand(g, 24), _rand(g, 6), _rand(g, 8)
-    out = []
-    for k, (n_act, n_obs, n_last) in enumerate([(4, 7, 3), (9, 2, 6), (2, 5, 12)]):
-        shared_start = [3, 4, 5]  # the second action starts alike in every episode
-        out.append(episode([(prompt, SOURCE_PROMPT), (act, SOURCE_POLICY), (obs, SOURCE_ENV),
-                            (shared_start + _rand(g, n_act), SOURCE_POLICY), (_rand(g, n_obs), SOURCE_ENV),
-                            (_rand(g, n_last), SOURCE_POLICY)], 0.3 * (k - 1), "mt", seed=10 + k))
-    return out
 
 
 def loss_and_grads(model, objective, tts, share: bool):
@@ -199,8 +120,8 @@ def test_kl_and_sequence_mean_aggregation_through_the_objective():
 def test_dpo_pair():
     model = make_model("llama")
     g = torch.Generator().manual_seed(3)
-    prompt = _rand(g, 33)
-    pair = [episode([(prompt, SOURCE_PROMPT), (_rand(g, n), SOURCE_POLICY)], 0.0, "pair", seed=k)
+    prompt = rand_ids(g, 33)
+    pair = [episode([(prompt, SOURCE_PROMPT), (rand_ids(g, n), SOURCE_POLICY)], 0.0, "pair", seed=k)
             for k, n in enumerate((7, 12))]
     assert_same(model, DPOObjective(beta=0.2, reference="sampling"), pair, expect_calls=2)
 
@@ -221,7 +142,7 @@ def test_multi_turn_episodes_whose_common_prefix_ends_mid_way(gc):
 def test_rows_without_a_common_prefix_take_the_plain_path_bit_for_bit():
     model = make_model("qwen2")
     g = torch.Generator().manual_seed(5)
-    tts = [episode([(_rand(g, 30), SOURCE_PROMPT), (_rand(g, n), SOURCE_POLICY)], 1.0, seed=n) for n in (4, 9, 6)]
+    tts = [episode([(rand_ids(g, 30), SOURCE_PROMPT), (rand_ids(g, n), SOURCE_POLICY)], 1.0, seed=n) for n in (4, 9, 6)]
     calls, h = count_calls(model)
     try:
         plain, _ = token_logprobs(model, collate(tts, 0))
@@ -236,7 +157,7 @@ def test_a_batch_mixing_two_groups_and_a_loner():
     g = torch.Generator().manual_seed(6)
     a = grpo_group(g, 36, (4, 9), "a", 0)
     b = grpo_group(g, 28, (6, 2, 13), "b", 10)
-    loner = [episode([(_rand(g, 20), SOURCE_PROMPT), (_rand(g, 5), SOURCE_POLICY)], 0.7, "c", seed=30)]
+    loner = [episode([(rand_ids(g, 20), SOURCE_PROMPT), (rand_ids(g, 5), SOURCE_POLICY)], 0.7, "c", seed=30)]
     tts = [a[0], b[0], *loner, a[1], b[1], b[2]]  # interleaved: groups are found, not assumed adjacent
     calls = assert_same(model, PG, tts, expect_calls=5)  # 2 per group + 1 plain for the loner
     assert (1, 25) in calls
@@ -278,17 +199,9 @@ def test_micro_batches_through_the_learner(tmp_path):
 
 # -- what cannot share ------------------------------------------------------------------------------
 
-def _gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=256, bos_token_id=0,
-                                      eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).double().train()
-
-
 @pytest.mark.parametrize("make,reason", [
     (lambda: make_model("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding"),
-    (_gpt2, "gpt2"),
+    (gpt2, "gpt2"),
 ])
 def test_unsupported_models_fall_back_with_identical_results_and_one_log_line(make, reason, caplog):
     model = make()

@@ -207,7 +207,7 @@ _TrainSpecFields = runtime_section("TrainSpec", LearnerConfig, [
                             "parallel); fsdp shards parameters, gradients and optimizer state across the ranks "
                             "(PyTorch FSDP2, float32), so a model too large for one device trains; one process: "
                             "nothing to shard (docs/distributed.md)")),
-    "group_by_length", "share_prefix",
+    "group_by_length", "share_prefix", "loss_chunk_tokens",
     ("eaft", bool, Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
                                             "(docs/algorithms.md)")),
     ("eaft_top_k", int, Field(20, gt=1, description="EAFT: K, the candidates the entropy is taken over")),
@@ -218,6 +218,13 @@ _TrainSpecFields = runtime_section("TrainSpec", LearnerConfig, [
 class TrainSpec(_TrainSpecFields):
     # Optimizer, schedule, batches, checkpoints: the LearnerConfig settings, plus what the algorithms
     # read themselves (batch_size, gradient_checkpointing, EAFT). No docstring: the schema has none.
+    @field_validator("loss_chunk_tokens", mode="before")
+    @classmethod
+    def _chunk_range(cls, v: Any) -> Any:
+        if isinstance(v, bool) or (isinstance(v, int) and v < 0):
+            raise ValueError(f"train.loss_chunk_tokens must be auto, 0 (off) or a number of positions; got {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _no_ops(self) -> "TrainSpec":
         s = self.non_default()

@@ -46,6 +46,7 @@ from trajtune.algorithms.base import Objective
 from trajtune import distributed as dist
 from trajtune import sharding
 from trajtune.algorithms.batch import collate
+from trajtune.algorithms.lm_head import ChunkTokens
 from trajtune.tokens import TokenTrajectory
 from trajtune.errors import DataError, RankFailed, RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
@@ -93,6 +94,12 @@ class LearnerConfig:
                                                    "group's prompt) compute that prefix once and attend to it "
                                                    "through the KV cache; exact gradients; plain full-attention "
                                                    "models only, others fall back (docs/algorithms.md)")
+    loss_chunk_tokens: ChunkTokens = setting(
+        "auto", description="positions per chunk of the LM head and log-softmax in the loss (SFT, RL, DPO), so the "
+                            "full [rows, positions, vocabulary] logits never exist at once; each chunk's logits are "
+                            "recomputed in the backward pass. auto: chunks of at most 64 MiB of float32 logits (341 "
+                            "positions at a 49 k vocabulary); 0: off, the model's logits all at once. Exact either "
+                            "way; models that change their logits after the head fall back (docs/speed.md)")
 
 
 def set_seed(seed: int) -> None:
@@ -507,9 +514,12 @@ class Learner:
         if self.world > 1:  # this rank's share: units r, r + W, ... (whole units, like micro-batches)
             tts = [t for u in units[self.rank::self.world] for t in u]
         # sharded, prefix sharing is off: it changes how many forward passes a micro-batch takes, and
-        # every rank must take the same ones
+        # every rank must take the same ones; so is the chunked LM head, which calls the head outside
+        # the sharded root module's forward (where FSDP gathers its weights)
         share = self.cfg.share_prefix and not self.sharded
-        batches = [collate(mb, self.pad_id, share_prefix=share).to(self.accelerator.device)
+        chunk = 0 if self.sharded else self.cfg.loss_chunk_tokens
+        batches = [collate(mb, self.pad_id, share_prefix=share,
+                           loss_chunk_tokens=chunk).to(self.accelerator.device)
                    for mb in self._micro_batches(tts)] if tts else []
         denom = dist.all_sum([sum(self.objective.denominator(b) for b in batches)])[0]
         if denom <= 0:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 
 from trajtune.algorithms import prefix_share as ps
-from trajtune.algorithms.prefix_share import at_least_float32
+from trajtune.algorithms.lm_head import ChunkTokens, HeadInput, at_least_float32, forward_kept, head_logprobs
 from trajtune.errors import DataError
 from trajtune.tokens import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
 
@@ -32,6 +32,9 @@ class Batch:
     adapters: list[str] | None = None
     #: rows with a common token prefix compute it once (``token_logprobs``; ``train.share_prefix``)
     share_prefix: bool = False
+    #: positions per chunk of the LM head and log-softmax (``trajtune.algorithms.lm_head``;
+    #: ``train.loss_chunk_tokens``; 0: the model's own logits, all at once)
+    loss_chunk_tokens: ChunkTokens = "auto"
 
     def loss_mask(self) -> torch.Tensor:
         """1.0 on trained policy tokens (source policy and weight > 0), shifted to target positions."""
@@ -42,9 +45,12 @@ class Batch:
         return Batch(**kw)
 
 
-def collate(tts: list[TokenTrajectory], pad_id: int, share_prefix: bool = False) -> Batch:
+def collate(tts: list[TokenTrajectory], pad_id: int, share_prefix: bool = False,
+            loss_chunk_tokens: ChunkTokens = "auto") -> Batch:
     """``share_prefix``: ``token_logprobs`` on this batch computes a prefix that several rows share
-    once (``trajtune.algorithms.prefix_share``); the learner sets it from ``train.share_prefix``."""
+    once (``trajtune.algorithms.prefix_share``); ``loss_chunk_tokens``: the log-probs go through the
+    LM head that many positions at a time (``trajtune.algorithms.lm_head``). The learner sets both
+    from ``train.share_prefix`` and ``train.loss_chunk_tokens``."""
     if not tts:
         raise ValueError("cannot collate an empty batch")
     width = max(len(t) for t in tts)
@@ -76,22 +82,8 @@ def collate(tts: list[TokenTrajectory], pad_id: int, share_prefix: bool = False)
         for k, v in extra.items():
             v[r, :n] = torch.tensor(t.meta[k][:n], dtype=torch.float)
     adapters = [t.meta.get("adapter", "default") for t in tts] if any("adapter" in t.meta for t in tts) else None
-    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters, share_prefix=share_prefix)
-
-
-def selected_logits(model: Any, batch: Batch, positions: torch.Tensor) -> torch.Tensor:
-    """Logits at ``positions`` (hidden-state positions, each predicting the next token), ``[B, K, V]``.
-
-    Asks the model for those positions only (``logits_to_keep``, so the LM head runs on K rows);
-    a model that does not take the argument is sliced after a full forward."""
-    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False}
-    try:
-        logits = model(**kwargs, logits_to_keep=positions).logits
-    except TypeError:
-        logits = model(**kwargs).logits
-    if logits.shape[1] != positions.numel():  # the argument was ignored
-        logits = logits[:, positions]
-    return logits
+    return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters, share_prefix=share_prefix,
+                 loss_chunk_tokens=loss_chunk_tokens)
 
 
 def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
@@ -119,12 +111,19 @@ def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,
     return _plain_logprobs(model, batch, keep, temperature), None
 
 
+def kept_head_input(model: Any, batch: Batch, keep: torch.Tensor, positions: int | None = None,
+                    **kwargs: Any) -> HeadInput:
+    """The forward of ``batch`` at the hidden-state positions ``keep`` (each predicting the next
+    token): the hidden states (or logits) that ``head_logprobs`` turns into log-probs, chunk by
+    chunk. ``positions``: how many go through the head (default: every row at every kept position)."""
+    n = batch.input_ids.shape[0] * keep.numel() if positions is None else positions
+    return forward_kept(model, keep, batch.loss_chunk_tokens, n, input_ids=batch.input_ids,
+                        attention_mask=batch.attention_mask, use_cache=False, **kwargs)
+
+
 def _plain_logprobs(model: Any, batch: Batch, keep: torch.Tensor, temperature: float) -> torch.Tensor:
-    logits = at_least_float32(selected_logits(model, batch, keep))
-    if temperature != 1.0:
-        logits = logits / temperature
     targets = batch.input_ids[:, 1:][:, keep]
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    picked = head_logprobs(kept_head_input(model, batch, keep), targets.unsqueeze(-1), temperature)[0].squeeze(-1)
     logp = picked.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1)
     return logp.index_copy(1, keep, picked)
 
@@ -149,7 +148,8 @@ def _shared_prefix_logprobs(model: Any, batch: Batch, keep: torch.Tensor,
     b, t = batch.input_ids.shape
     rows_out: dict[int, torch.Tensor] = {}
     for rows, p in groups:
-        pos, lp = ps.group_logprobs(model, batch.input_ids, batch.attention_mask, rows, p, keep, temperature)
+        pos, lp = ps.group_logprobs(model, batch.input_ids, batch.attention_mask, rows, p, keep, temperature,
+                                    batch.loss_chunk_tokens)
         full = lp.new_zeros(len(rows), t - 1).index_copy(1, pos, lp)
         rows_out.update(zip(rows, full.unbind(0)))
     alone = [r for r in range(b) if r not in rows_out]
@@ -158,7 +158,7 @@ def _shared_prefix_logprobs(model: Any, batch: Batch, keep: torch.Tensor,
         width = int(max(lengths[r] for r in alone))
         sub = Batch(batch.input_ids[idx, :width], batch.attention_mask[idx, :width], batch.source[idx, :width],
                     batch.weight[idx, :width], batch.old_logprobs[idx, :width], None, batch.advantages[idx, :width],
-                    batch.rewards[idx], len(alone))
+                    batch.rewards[idx], len(alone), loss_chunk_tokens=batch.loss_chunk_tokens)
         sub_keep = keep[keep < width - 1]
         if sub_keep.numel() == 0:
             sub_keep = keep[:1].clamp(max=max(0, width - 2))

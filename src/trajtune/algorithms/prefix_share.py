@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from trajtune.algorithms.lm_head import ChunkTokens, HeadInput, base_model, forward_kept, head_logprobs
+
 log = logging.getLogger("trajtune.prefix_share")
 
 #: the shortest prefix worth a separate pass
@@ -42,17 +44,12 @@ def _tell_once(reason: str) -> None:
                     "runs instead, with the same results", reason)
 
 
-def _base(model: Any) -> Any:
-    get = getattr(model, "get_base_model", None)
-    return get() if callable(get) else model
-
-
 def unsupported_reason(model: Any) -> str | None:
     """Why ``model`` cannot share prefixes (None: it can)."""
     peft_cfg = getattr(model, "active_peft_config", None)
     if peft_cfg is not None and getattr(peft_cfg, "is_prompt_learning", False):
         return "a prompt-learning PEFT adapter"
-    base = _base(model)
+    base = base_model(model)
     cfg = getattr(base, "config", None)
     mt = getattr(cfg, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -228,31 +225,22 @@ def find_groups(seqs: list[list[int]], min_prefix: int = MIN_PREFIX) -> list[tup
 # -- the forward ------------------------------------------------------------------------------------
 
 def _call(model: Any, kwarg: str, cache: Any, ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
-          keep: torch.Tensor) -> torch.Tensor:
+          keep: torch.Tensor, chunk: ChunkTokens) -> HeadInput:
     # under checkpointing transformers turns use_cache off (with a warning); the cache passed is used either way
-    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=not _checkpointing(model),
-                logits_to_keep=keep,
-                **{kwarg: cache})
-    logits = out.logits
-    if logits.shape[1] != keep.numel():  # the argument was ignored
-        logits = logits[:, keep]
-    return logits
-
-
-def at_least_float32(x: torch.Tensor) -> torch.Tensor:
-    """Logits in float32 for the log-softmax (bf16 / fp16 models); a float64 model stays float64.
-    Here, below ``batch`` (which imports this module), so that both log-prob paths share it."""
-    return x if x.dtype == torch.float64 else x.float()
+    return forward_kept(model, keep, chunk, ids.shape[0] * keep.numel(), input_ids=ids, attention_mask=attn,
+                        position_ids=pos, use_cache=not _checkpointing(model), **{kwarg: cache})
 
 
 def group_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[int], p: int,
-                   keep: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   keep: torch.Tensor, temperature: float,
+                   chunk: ChunkTokens = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """log-probs of ``rows`` (sharing their first ``p`` tokens) at the positions ``keep`` (each
-    predicting the next token) that fall inside the group's width: (positions, [rows, positions])."""
+    predicting the next token) that fall inside the group's width: (positions, [rows, positions]).
+    ``chunk``: positions per chunk of the LM head (``trajtune.algorithms.lm_head``)."""
     classes = _cache_classes()
     assert classes is not None
     cache_cls, record_cls, prefix_cls = classes
-    base = _base(model)
+    base = base_model(model)
     kwarg = _cache_kwarg(base)
     assert kwarg is not None
     n_layers = base.config.get_text_config(decoder=True).num_hidden_layers
@@ -267,26 +255,20 @@ def group_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     with _KeepCache(model):
         record = cache_cls(layers=[record_cls() for _ in range(n_layers)])
         lp_keep = kp if kp.numel() else torch.tensor([p - 1], dtype=torch.long, device=dev)
-        logits = _call(model, kwarg, record, ids[:1, :p], attn[:1, :p],
-                       torch.arange(p, device=dev).unsqueeze(0), lp_keep)
-        if kp.numel():
-            logits = at_least_float32(logits)
-            if temperature != 1.0:
-                logits = logits / temperature
-            lsm = torch.log_softmax(logits, dim=-1).expand(k, -1, -1)
-            parts_lp.append(lsm.gather(-1, ids[:, kp + 1].unsqueeze(-1)).squeeze(-1))
+        inp = _call(model, kwarg, record, ids[:1, :p], attn[:1, :p], torch.arange(p, device=dev).unsqueeze(0),
+                    lp_keep, chunk)
+        if kp.numel():  # one log-softmax per prefix position, read at every row's next token there
+            lp, _ = head_logprobs(inp, ids[:, kp + 1].T.unsqueeze(0), temperature)
+            parts_lp.append(lp[0].T)
             parts_pos.append(kp)
         layers = [prefix_cls(layer.keys.expand(k, -1, -1, -1), layer.values.expand(k, -1, -1, -1))
                   for layer in record.layers]
         if ks.numel():
             prefix = cache_cls(layers=layers)
             pos = torch.arange(p, width - 1, device=dev).unsqueeze(0).expand(k, -1)
-            logits = _call(model, kwarg, prefix, ids[:, p:width - 1], attn[:, :width - 1], pos, ks - p)
+            inp = _call(model, kwarg, prefix, ids[:, p:width - 1], attn[:, :width - 1], pos, ks - p, chunk)
     if ks.numel():
-        logits = at_least_float32(logits)
-        if temperature != 1.0:
-            logits = logits / temperature
-        parts_lp.append(torch.log_softmax(logits, dim=-1).gather(-1, ids[:, ks + 1].unsqueeze(-1)).squeeze(-1))
+        parts_lp.append(head_logprobs(inp, ids[:, ks + 1].unsqueeze(-1), temperature)[0].squeeze(-1))
         parts_pos.append(ks)
     if not parts_pos:
         return keep[:0], ids.new_zeros((k, 0), dtype=torch.float)

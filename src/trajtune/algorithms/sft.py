@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
 from pydantic import Field
 
 from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch, fit_length, selected_logits
+from trajtune.algorithms.batch import Batch, fit_length, kept_head_input
 from trajtune.algorithms.critical_steps import make_selector, select_critical
 from trajtune.algorithms.error_mask import mask_error_turns
 from trajtune.algorithms.faft import faft_records
+from trajtune.algorithms.lm_head import head_logprobs
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.chat.render import RenderError
 from trajtune.config import DataSpec, RunBase
@@ -62,6 +63,12 @@ class SFTObjective:
     def denominator(self, batch: Batch) -> float:
         return float((self._mask(batch) * batch.weight[:, 1:]).sum())
 
+    def _stats(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per position, without gradient: [the target is the argmax, the EAFT gate (1 without EAFT)]."""
+        correct = (logits.argmax(-1) == targets[:, 0]).to(logits.dtype)
+        gate = eaft_weights(logits, self.eaft_top_k, self.eaft_alpha) if self.eaft else torch.ones_like(correct)
+        return torch.stack([correct, gate], dim=-1)
+
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         mask = self._mask(batch)
         # Only positions that predict a trained token need logits: with a real vocabulary (49 k for
@@ -69,18 +76,22 @@ class SFTObjective:
         keep = mask.any(0).nonzero().squeeze(-1)
         if keep.numel() == 0:
             keep = torch.zeros(1, dtype=torch.long)
-        logits = selected_logits(model, batch, keep).float()
-        targets = batch.input_ids[:, 1:][:, keep]
         m = mask[:, keep]
-        ce = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        inp = kept_head_input(model, batch, keep, positions=int(m.sum()))
+        targets = batch.input_ids[:, 1:][:, keep]
         w = m * batch.weight[:, 1:][:, keep]
+        if inp.head is not None:  # hidden states: only the trained (row, position) pairs go through the head
+            sel = m > 0
+            inp, targets, w, m = replace(inp, x=inp.x[sel]), targets[sel], w[sel], m[sel]
+        logp, st = head_logprobs(inp, targets.unsqueeze(-1), stats=self._stats)
+        assert st is not None
+        ce = -logp.squeeze(-1)
         if self.eaft:
-            w = w * eaft_weights(logits, self.eaft_top_k, self.eaft_alpha)
+            w = w * st[..., 1]
         loss = (ce * w).sum()
-        with torch.no_grad():
-            correct = ((logits.argmax(-1) == targets).float() * m).sum()
         n = float(m.sum())
-        return loss, {"ce": (float((ce.detach() * m).sum()), n), "token_accuracy": (float(correct), n), "tokens": n}
+        correct = float((st[..., 0] * m).sum())
+        return loss, {"ce": (float((ce.detach() * m).sum()), n), "token_accuracy": (correct, n), "tokens": n}
 
 
 # -- the `sft` algorithm: config, data preparation, recipe ------------------------------------------

@@ -39,8 +39,9 @@ from pydantic import Field
 
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.advantages import turn_returns, turn_rewards
-from trajtune.algorithms.batch import Batch, collate
+from trajtune.algorithms.batch import Batch, collate, kept_head_input
 from trajtune.algorithms.episode_transforms import mark_nonfinite_rewards
+from trajtune.algorithms.lm_head import head_logprobs
 from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.config import _C
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
@@ -80,26 +81,16 @@ def hidden_size(model: Any) -> int:
 def logprobs_and_values(model: Any, head: ValueHead, batch: Batch,
                         temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward: log π(token_t) (like ``token_logprobs``, computed only where some row has a
-    policy token) and the value of the state before token t, both ``[B, T − 1]`` for t = 1..T−1."""
+    policy token, through the LM head in chunks) and the value of the state before token t, both
+    ``[B, T − 1]`` for t = 1..T−1."""
     keep = (batch.source[:, 1:] == SOURCE_POLICY).any(0).nonzero().squeeze(-1)
     if keep.numel() == 0:
         keep = torch.zeros(1, dtype=torch.long, device=batch.input_ids.device)
-    kwargs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "use_cache": False,
-              "output_hidden_states": True}
-    try:
-        out = model(**kwargs, logits_to_keep=keep)
-    except TypeError:
-        out = model(**kwargs)
-    logits = out.logits
-    if logits.shape[1] != keep.numel():
-        logits = logits[:, keep]
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
+    inp = kept_head_input(model, batch, keep, output_hidden_states=True)
     targets = batch.input_ids[:, 1:][:, keep]
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    picked = head_logprobs(inp, targets.unsqueeze(-1), temperature)[0].squeeze(-1)
     logp = picked.new_zeros(batch.input_ids.shape[0], batch.input_ids.shape[1] - 1).index_copy(1, keep, picked)
-    values = head(out.hidden_states[-1][:, :-1])
+    values = head(inp.out.hidden_states[-1][:, :-1])
     return logp, values
 
 
