@@ -32,7 +32,7 @@ from trajtune.cli.probe import probe_app
 from trajtune.cli.ping import ping_cmd
 from trajtune.cli.report import report_cmd
 from trajtune.cli.serve import serve_cmd
-from trajtune.errors import EXIT_CODES, Interrupted, UserError, storage_error
+from trajtune.errors import EXIT_CODES, Interrupted, RankFailed, UserError, storage_error
 
 
 def _exit_code_epilog() -> str:
@@ -84,7 +84,12 @@ class TrajtuneGroup(TyperGroup):
             raise
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001  (the one place that classifies errors)
             debug = bool(ctx.params.get("debug")) or os.environ.get("TRAJTUNE_DEBUG", "") not in ("", "0")
-            raise typer.Exit(report_error(e, debug)) from None
+            code = report_error(e, debug)
+            if isinstance(e, RankFailed):  # a peer is gone: the process group's threads can abort the
+                sys.stdout.flush()         # interpreter's teardown (SIGABRT), so leave with the code now
+                sys.stderr.flush()
+                os._exit(code)
+            raise typer.Exit(code) from None
 
 
 app = typer.Typer(
