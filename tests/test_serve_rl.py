@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trajtune.algorithms.batch import collate, token_logprobs
+from sampler_fixtures import home_prompts, policy_logprob_gap
 from trajtune.algorithms.rl import RLRunConfig
 from trajtune.chat.render import ChatRenderer
 from trajtune.config import ConfigError, load_config
@@ -56,27 +56,9 @@ def _http(url: str, body: dict | None = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def _prompts(tok, n=2):
-    env, r = make_env("home"), ChatRenderer(tok)
-    out = []
-    for task in env.tasks("test", n, seed=0):
-        res = env.reset(task)
-        out.append(r.encode(r.prompt_text(res.messages, res.tools)))
-    return out
-
-
-def _policy_logprob_gap(model, tts, temperature):
-    """max |stored − recomputed| log-prob over the policy tokens of ``tts``."""
-    b = collate(tts, 0)
-    with torch.no_grad():
-        lp, _ = token_logprobs(model, b, temperature=temperature)
-    m = b.source[:, 1:] == SOURCE_POLICY
-    return float(((lp - b.old_logprobs[:, 1:]).abs() * m).max())
-
-
 def test_token_id_completions_round_trip_with_exact_log_probs(served, tiny_tok):
     url, service = served
-    prompts = _prompts(tiny_tok)
+    prompts = home_prompts(tiny_tok)
     status, info = _http(url + "/trajtune/info")
     assert status == 200 and info["model"] == "tiny" and info["policy_version"] == 0
     assert info["vocab_size"] == service.model.get_output_embeddings().weight.shape[0]
@@ -94,7 +76,7 @@ def test_token_id_completions_round_trip_with_exact_log_probs(served, tiny_tok):
         rows.append(TokenTrajectory(ids=prompt + ids, source=[SOURCE_PROMPT] * n + [SOURCE_POLICY] * len(ids),
                                     turn=[0] * (n + len(ids)), weight=[0.0] * n + [1.0] * len(ids),
                                     logprobs=[0.0] * n + lps))
-    assert _policy_logprob_gap(service.model, rows, 0.8) < 1e-3
+    assert policy_logprob_gap(service.model, rows, 0.8) < 1e-3
     assert _http(url + "/v1/completions", body)[1]["choices"] == out["choices"]  # same seed, same samples
     single = _http(url + "/v1/completions", {**body, "prompt": prompts[0]})[1]  # one prompt as a flat id list
     assert len(single["choices"]) == 1
@@ -115,7 +97,7 @@ def test_token_id_completions_round_trip_with_exact_log_probs(served, tiny_tok):
 def test_server_sampling_gives_the_local_samplers_tokens_under_greedy_decoding(served, tiny_dir, tiny_tok):
     url, service = served
     stops = service.renderer.stop_ids()
-    prompts = _prompts(tiny_tok, 3)
+    prompts = home_prompts(tiny_tok, 3)
     local = CachedSampler(load_model(str(tiny_dir)).eval(), 0.0, 1.0, stops).turn(
         [(None, p) for p in prompts], [12, 12, 5], 0)
     remote = ServerSampler(ServerClient(url), 0.0, 1.0, stops).turn([(None, p) for p in prompts], [12, 12, 5], 0)
@@ -150,7 +132,7 @@ def test_rl_through_the_server_stores_what_it_sampled_and_keeps_it_on_the_policy
     original = Learner.train_step
 
     def checked(self, tts):  # the stored log-probs against the trainer's policy, before each update
-        gaps.append(_policy_logprob_gap(self.accelerator.unwrap_model(self.model), tts, 1.0))
+        gaps.append(policy_logprob_gap(self.accelerator.unwrap_model(self.model), tts, 1.0))
         return original(self, tts)
 
     monkeypatch.setattr(Learner, "train_step", checked)

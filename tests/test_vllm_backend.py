@@ -21,12 +21,11 @@ import fake_vllm
 from wire_envs import REPLY_USER, Reply
 from wire_fixtures import train_talker
 
-from trajtune.algorithms.batch import collate, token_logprobs
+from sampler_fixtures import home_prompts, policy_logprob_gap
 from trajtune.algorithms.registry import load_run_config
 from trajtune.algorithms.rl import RLRunConfig
 from trajtune.chat.render import ChatRenderer
 from trajtune.config import ConfigError, RolloutSpec, load_config
-from trajtune.envs import make_env
 from trajtune.errors import ServerError
 from trajtune.generation import SAMPLER_HOOK, CachedSampler
 from trajtune.models.loading import load_model
@@ -59,24 +58,6 @@ def _rl_cfg(model, out, *extra):
 def _engine(model, tmp_path, **rollout):
     spec = RolloutSpec.model_validate({"max_length": 512, "vllm": {}, **rollout})
     return vb.VLLMEngine.start(spec.vllm, spec, model, tmp_path / "vllm", seed=0)
-
-
-def _prompts(tok, n=2):
-    env, r = make_env("home"), ChatRenderer(tok)
-    out = []
-    for task in env.tasks("test", n, seed=0):
-        res = env.reset(task)
-        out.append(r.encode(r.prompt_text(res.messages, res.tools)))
-    return out
-
-
-def _gap(model, tts, temperature):
-    """max |stored − recomputed| log-prob over the policy tokens of ``tts``."""
-    b = collate(tts, 0)
-    with torch.no_grad():
-        lp, _ = token_logprobs(model, b, temperature=temperature)
-    m = b.source[:, 1:] == SOURCE_POLICY
-    return float(((lp - b.old_logprobs[:, 1:]).abs() * m).max())
 
 
 # -- selecting the backend ---------------------------------------------------------------------------
@@ -123,7 +104,7 @@ def test_a_turn_sends_token_ids_and_stores_the_sampled_ids_with_their_own_log_pr
                                                                                     tmp_path):
     engine = _engine(tiny_model, tmp_path)
     stops = ChatRenderer(tiny_tok).stop_ids()
-    prompts = _prompts(tiny_tok, 3)
+    prompts = home_prompts(tiny_tok, 3)
     sampler = engine.sampler(tiny_model.eval(), tiny_tok, 0.8, 1.0, stops)
     got = sampler.turn([(None, p) for p in prompts], [12, 12, 3], seed=5)
     llm = fake_vllm.LLM.instances[0]
@@ -140,7 +121,7 @@ def test_a_turn_sends_token_ids_and_stores_the_sampled_ids_with_their_own_log_pr
     rows = [TokenTrajectory(ids=s.ids, source=[SOURCE_PROMPT] * len(p) + [SOURCE_POLICY] * len(i),
                             turn=[0] * len(s.ids), weight=[0.0] * len(p) + [1.0] * len(i), logprobs=[0.0] * len(p) + lp)
             for p, (i, lp, _, s) in zip(prompts, got)]
-    assert _gap(tiny_model, rows, 0.8) < 1e-4  # vLLM holds the learner's weights (pushed before sampling)
+    assert policy_logprob_gap(tiny_model, rows, 0.8) < 1e-4  # vLLM holds the learner's weights (pushed before sampling)
     again = engine.sampler(tiny_model, tiny_tok, 0.8, 1.0, stops).turn([(None, p) for p in prompts], [12, 12, 3], 5)
     assert [g[0] for g in again] == [g[0] for g in got]  # same seed, same samples
 
@@ -148,7 +129,7 @@ def test_a_turn_sends_token_ids_and_stores_the_sampled_ids_with_their_own_log_pr
 def test_a_turn_ends_only_at_a_stop_id_or_the_length_and_anything_else_is_refused(fake, tiny_model, tiny_tok,
                                                                                  tmp_path, monkeypatch):
     engine = _engine(tiny_model, tmp_path)
-    prompts = _prompts(tiny_tok, 2)
+    prompts = home_prompts(tiny_tok, 2)
     llm = fake_vllm.LLM.instances[0]
     llm.config.eos_token_id = None
     # greedy, with the token it picks first as the only stop id: every turn ends there, after one token
@@ -252,7 +233,7 @@ def test_rl_pushes_the_weights_after_every_update_and_samples_only_the_current_p
     original = Learner.train_step
 
     def checked(self, tts):  # the stored log-probs against the trainer's policy, before each update
-        gaps.append(_gap(self.accelerator.unwrap_model(self.model), tts, 1.0))
+        gaps.append(policy_logprob_gap(self.accelerator.unwrap_model(self.model), tts, 1.0))
         return original(self, tts)
 
     monkeypatch.setattr(Learner, "train_step", checked)
@@ -289,7 +270,7 @@ def test_rl_with_lora_samples_the_adapted_policy_through_vllm(fake, talker, tmp_
     original = Learner.train_step
 
     def checked(self, tts):
-        gaps.append(_gap(self.accelerator.unwrap_model(self.model), tts, 1.0))
+        gaps.append(policy_logprob_gap(self.accelerator.unwrap_model(self.model), tts, 1.0))
         return original(self, tts)
 
     monkeypatch.setattr(Learner, "train_step", checked)
