@@ -224,25 +224,22 @@ def barrier() -> None:
 
 def all_sum(values: list[float]) -> list[float]:
     """Element-wise sum over ranks (float64)."""
-    if world_size() == 1:
-        return values
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    _call(dist.all_reduce, t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    return _all_reduce(values, "SUM")
 
 
 def all_max(values: list[float]) -> list[float]:
     """Element-wise maximum over ranks (float64)."""
+    return _all_reduce(values, "MAX")
+
+
+def _all_reduce(values: list[float], op: str) -> list[float]:
     if world_size() == 1:
         return values
     import torch
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64)
-    _call(dist.all_reduce, t, op=dist.ReduceOp.MAX)
+    _call(dist.all_reduce, t, op=getattr(dist.ReduceOp, op))
     return t.tolist()
 
 
