@@ -202,3 +202,21 @@ def test_every_run_command_reports_a_corrupt_weights_file_as_one_line(corrupt_mo
         line = one_error(args, ModelLoadError.exit_code)
         assert "corrupt or truncated" in line, (name, line)
     assert not [p for p in tmp_path.iterdir() if p.name in ("w-sft", "m1", "m2")]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["report", "RUN", "--max-episodes", "0"], "--max-episodes must be at least 1, not 0"),
+    (["data", "pairs", "IN", "-o", "OUT", "--max-per-task", "0"], "--max-per-task must be at least 1, not 0"),
+    (["serve", "--model", "MODEL", "--max-tokens", "0"], "--max-tokens must be at least 1, not 0"),
+    (["data", "synth-safety", "--n", "0", "-o", "OUT"], "--n must be at least 1, not 0"),
+    (["data", "synth-safety", "--seed", "-2", "-o", "OUT"], "--seed must be at least 0, not -2"),
+])
+def test_out_of_range_counts_are_an_error_line_before_any_work(tmp_path, tiny_dir, args, needle) -> None:
+    """These took typer's min=, which answers with a usage box instead of the `error:` line."""
+    run_dir, src, out = tmp_path / "run", tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    run_dir.mkdir()
+    src.write_text("")
+    names = {"RUN": str(run_dir), "IN": str(src), "OUT": str(out), "MODEL": str(tiny_dir)}
+    line = one_error([names.get(a, a) for a in args], UsageError.exit_code)
+    assert needle in line
+    assert not out.exists() and not (run_dir / "report.html").exists()

@@ -165,3 +165,11 @@ def require_input(path: str | Path, what: str | None = None) -> Path:
     if not p.exists():
         raise InputNotFoundError(f"{p}: no such file or directory" + (f" ({what})" if what else ""))
     return p
+
+
+def require_at_least(*checks: tuple[str, float, float]) -> None:
+    """Each ``(flag, value, least)`` with ``value < least`` is refused as one ``error:`` line (exit 2).
+    Why not typer's ``min=``: that prints a usage box instead of the line every other mistake gets."""
+    for flag, value, least in checks:
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least:g}, not {value:g}")

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import typer
 
-from trajtune.errors import DataError, OutputError, UsageError, require_input
+from trajtune.errors import DataError, OutputError, UsageError, require_at_least, require_input
 from trajtune.formats import LoadStats, canonical_json, get_format, iter_records
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, input_problem, open_data
 from trajtune.schema import AtomicJsonlWriter, RecordError, Trajectory, atomic_write_text, iter_jsonl, parse_trajectory
@@ -630,7 +630,7 @@ def pairs(
     input: Path = typer.Argument(..., help="Episodes JSONL: rollouts.jsonl of an rl run, episodes.jsonl of an eval, "
                                            "or any IR trajectories with an outcome."),
     output: Path = typer.Option(..., "--out", "-o", help="Output JSONL of preference pairs (docs/formats.md)."),
-    max_per_task: int = typer.Option(2, "--max-per-task", min=1, help="Pairs per task at most."),
+    max_per_task: int = typer.Option(2, "--max-per-task", help="Pairs per task at most."),
     seed: int = typer.Option(0, "--seed", help="Seed for choosing which successes and failures are paired."),
     overwrite: bool = OverwriteOpt,
 ) -> None:
@@ -648,6 +648,7 @@ def pairs(
     # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.algorithms.dpo import mine_trajectory_pairs, pairs_to_jsonl
 
+    require_at_least(("--max-per-task", max_per_task, 1))
     with _path_errors():
         _input(input)
         _check_output(output, overwrite, [input])

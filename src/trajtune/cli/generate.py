@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from trajtune.cli.eval_cmd import _env_kwargs
-from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError
+from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError, require_at_least
 from trajtune.schema import AtomicJsonlWriter
 
 
@@ -46,9 +46,7 @@ def generate(
     Example: trajtune data generate --env home --n 100 --policy openai:http://127.0.0.1:8000/v1 --only-success -o teacher.jsonl
     """
     # a value out of range is one `error:` line like every other mistake, not typer's usage box
-    for flag, value, least in (("--n", n, 1), ("--seed", seed, 0), ("--temperature", temperature, 0)):
-        if value < least:
-            raise UsageError(f"{flag} must be at least {least}, not {value:g}")
+    require_at_least(("--n", n, 1), ("--seed", seed, 0), ("--temperature", temperature, 0))
     # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.config import env_from_cli
     from trajtune.envs import make_env

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from trajtune.errors import OutputError, UsageError
+from trajtune.errors import OutputError, UsageError, require_at_least
 from trajtune.schema import atomic_write_text
 
 probe_app = typer.Typer(
@@ -63,8 +63,7 @@ def privacy(
     from trajtune.models.loading import load_model, load_tokenizer, to_device
     from trajtune.safety.canaries import extraction_rate, load_sidecar
 
-    if batch_size < 1:
-        raise UsageError("--batch-size must be at least 1")
+    require_at_least(("--batch-size", batch_size, 1))
     _check_out(out, overwrite)
     doc = load_sidecar(canaries)
     tok = load_tokenizer(model)
@@ -100,8 +99,7 @@ def forgetting(
     # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
     from trajtune.safety.forgetting import forgetting_report
 
-    if n < 1 or max_length < 2:
-        raise UsageError("--n must be at least 1 and --max-length at least 2")
+    require_at_least(("--n", n, 1), ("--max-length", max_length, 2))
     _check_out(out, overwrite)
     result = forgetting_report(base, model, text=text, env=env, tasks=n, seed=seed, max_length=max_length,
                                max_new_tokens=max_new_tokens, device=device)

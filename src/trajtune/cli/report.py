@@ -15,7 +15,7 @@ def report_cmd(
                                              "or a demo directory."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the page (default: "
                                                                  "RUN_DIR/report.html)."),
-    max_episodes: int = typer.Option(200, "--max-episodes", min=1, help="Episodes embedded in the viewer, evenly "
+    max_episodes: int = typer.Option(200, "--max-episodes", help="Episodes embedded in the viewer, evenly "
                                                                         "spread over each source."),
     tokens: bool = typer.Option(True, "--tokens/--no-tokens", help="Render each episode's tokens with the run's "
                                                                    "tokenizer (provenance, weights, truncation)."),
@@ -34,7 +34,9 @@ def report_cmd(
     Example: trajtune report runs/demo/eval-dir --out /tmp/eval.html --max-episodes 50
     """
     # lazy: the CLI's start-up loads only the command modules, not what they run
+    from trajtune.errors import require_at_least
     from trajtune.report import write_report
 
+    require_at_least(("--max-episodes", max_episodes, 1))
     path = write_report(run_dir, out, max_episodes=max_episodes, tokens=tokens)
     console.print(f"report: {path}", soft_wrap=True)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from trajtune.cli.eval_cmd import render_overrides
-from trajtune.errors import UsageError
+from trajtune.errors import UsageError, require_at_least
 from trajtune.progress import console
 
 
@@ -21,7 +21,7 @@ def serve_cmd(
                                                                      "tokenizer's."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Render option as in training: "
                                                                  "--set render.tool_format=hermes (repeatable)."),
-    max_tokens: int = typer.Option(512, "--max-tokens", min=1, help="Default completion length when a request "
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Default completion length when a request "
                                                                     "gives none."),
 ) -> None:
     """Serve a model as an OpenAI-compatible endpoint: POST /v1/chat/completions, GET /v1/models.
@@ -47,6 +47,7 @@ def serve_cmd(
     from trajtune.serve import ChatService, make_server
     from trajtune.train import check_chat_template
 
+    require_at_least(("--max-tokens", max_tokens, 1))
     _check_port(host, port)  # before the model loads: a taken port is known in a millisecond
     config = load_render(render_overrides(set_)).to_render_config()
     tok = load_tokenizer(model, str(template) if template is not None else None)

@@ -11,15 +11,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from trajtune.errors import EnvError, OutputError, UsageError
+from trajtune.errors import EnvError, OutputError, UsageError, require_at_least
 from trajtune.schema import AtomicJsonlWriter
 
 
 def synth_safety(
     out: Annotated[Path, typer.Option("-o", "--out", help="Output JSONL file (IR trajectories).")],
-    n: Annotated[int, typer.Option("--n", min=1, help="Trajectories to write: half refusals of harmful requests, "
+    n: Annotated[int, typer.Option("--n", help="Trajectories to write: half refusals of harmful requests, "
                                                       "half tool-using completions of their benign twins.")] = 200,
-    seed: Annotated[int, typer.Option(min=0, help="Seed of the task generator.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the task generator.")] = 0,
     split: Annotated[str, typer.Option(help="Task split: train (default) or test (kept for evaluation).")] = "train",
     categories: Annotated[Optional[str], typer.Option(
         "--categories", help="Harm categories to draw from, comma-separated (default: all; docs/safety.md).")] = None,
@@ -37,6 +37,7 @@ def synth_safety(
     # lazy: the CLI's start-up loads only the command modules, not what they run
     from trajtune.safety.synth import synth_safety as synth
 
+    require_at_least(("--n", n, 1), ("--seed", seed, 0))
     if split not in ("train", "test"):
         raise UsageError(f"--split must be train or test, got {split!r}")
     if out.is_dir():
