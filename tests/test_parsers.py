@@ -567,3 +567,15 @@ def test_a_call_that_does_not_parse_keeps_the_models_text():
     assert m.extra == {"parse_errors": p.errors, "raw_text": text}  # the broken call can be read, not only counted
     ok = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}</tool_call>', "hermes")
     assert assistant_message(ok.content, ok.tool_calls, ok.errors, "x").extra == {}
+
+
+def test_marked_blocks_yields_each_block_and_keeps_the_text_around_them() -> None:
+    from trajtune.chat.parsers.base import marked_blocks
+
+    content: list[str] = []
+    blocks = list(marked_blocks("a<x>b</x>c<x>d", "<x>", "</x>", content))
+    assert blocks == [("tool call 0", "b", True), ("tool call 1", "d", False)]  # the cut-off block runs to the end
+    assert content == ["a", "c", ""]
+    content = []
+    assert list(marked_blocks("no blocks </x>", "<x>", "</x>", content, "call block")) == []
+    assert content == ["no blocks </x>"]  # a stray close is the caller's to report

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,23 @@ def _between(text: str, start: int, close: str) -> tuple[str, int, bool]:
     if end < 0:
         return text[start:], len(text), False
     return text[start:end], end + len(close), True
+
+
+def marked_blocks(text: str, open_: str, close: str, content: list[str],
+                  label: str = "tool call") -> Iterator[tuple[str, str, bool]]:
+    """``(where, body, closed)`` for each ``open_ … close`` block of ``text``, in order, appending the
+    text around the blocks to ``content`` (the text after the last one when the loop ends). Why one
+    walker: families whose calls sit between markers differ only in how a block's body reads, and
+    each copy of this loop was a place to get the cut-off block or the trailing text wrong. An
+    unterminated block is the last one (its body runs to the end of ``text``)."""
+    pos = 0
+    index = 0
+    while (start := text.find(open_, pos)) >= 0:
+        content.append(text[pos:start])
+        body, pos, closed = _between(text, start + len(open_), close)
+        yield f"{label} {index}", body, closed
+        index += 1
+    content.append(text[pos:])
 
 
 def _json_calls(raw: str, where: str, errors: list[str], name_key: str = "name",

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from trajtune.chat.parsers.base import ParseResult, _between, _tidy, register_parser
+from trajtune.chat.parsers.base import ParseResult, _tidy, marked_blocks, register_parser
 from trajtune.schema import MAX_VALUE_DEPTH, ToolCall
 
 CALL_OPEN, CALL_CLOSE, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
@@ -155,15 +155,11 @@ def _thoughts(text: str, errors: list[str]) -> tuple[str, list[str]]:
     """The text without its ``<|channel>…<channel|>`` blocks, and their bodies (the reasoning)."""
     kept: list[str] = []
     thoughts: list[str] = []
-    pos = 0
-    while (start := text.find(_CHANNEL_OPEN, pos)) >= 0:
-        kept.append(text[pos:start])
-        body, pos, closed = _between(text, start + len(_CHANNEL_OPEN), _CHANNEL_CLOSE)
+    for _, body, closed in marked_blocks(text, _CHANNEL_OPEN, _CHANNEL_CLOSE, kept):
         if not closed:
             errors.append(f"unterminated {_CHANNEL_OPEN} block")
         head, nl, rest = body.partition("\n")
         thoughts.append((rest if nl and head.strip() in ("thought", "") else body).strip("\n"))
-    kept.append(text[pos:])
     return "".join(kept), thoughts
 
 
@@ -176,16 +172,10 @@ def parse_gemma4(text: str) -> ParseResult:
     rest, thoughts = _thoughts(text, errors)
     calls: list[ToolCall] = []
     content: list[str] = []
-    pos = 0
-    index = 0
-    while (start := rest.find(CALL_OPEN, pos)) >= 0:
-        where = f"tool call {index}"
-        index += 1
-        content.append(rest[pos:start])
-        body, pos, closed = _between(rest, start + len(CALL_OPEN), CALL_CLOSE)
+    for where, body, closed in marked_blocks(rest, CALL_OPEN, CALL_CLOSE, content):
         if not closed:
             errors.append(f"{where}: unterminated {CALL_OPEN}")
-            break
+            continue
         try:
             name, args = read_call(body)
         except ArgumentError as e:
@@ -193,7 +183,6 @@ def parse_gemma4(text: str) -> ParseResult:
             continue
         # (no arguments_raw: the IR keeps the original only where it is JSON text)
         calls.append(ToolCall(id="", name=name, arguments=args))
-    content.append(rest[pos:])
     if CALL_CLOSE in content[-1]:
         errors.append(f"stray {CALL_CLOSE} without an opening {CALL_OPEN}")
     return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors,

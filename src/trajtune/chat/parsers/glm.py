@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from trajtune.chat.parsers.base import ParseResult, _between, _scalar_or_text, _tidy, _TooDeep, register_parser
+from trajtune.chat.parsers.base import ParseResult, _scalar_or_text, _tidy, _TooDeep, marked_blocks, register_parser
 from trajtune.chat.parsers.hermes import _HERMES_CLOSE, _HERMES_OPEN
 from trajtune.schema import MAX_VALUE_DEPTH, ToolCall
 
@@ -19,13 +19,7 @@ def parse_glm45(text: str) -> ParseResult:
     errors: list[str] = []
     calls: list[ToolCall] = []
     content: list[str] = []
-    pos = 0
-    index = 0
-    while (start := text.find(_HERMES_OPEN, pos)) >= 0:
-        where = f"tool call {index}"
-        index += 1
-        content.append(text[pos:start])
-        body, pos, closed = _between(text, start + len(_HERMES_OPEN), _HERMES_CLOSE)
+    for where, body, closed in marked_blocks(text, _HERMES_OPEN, _HERMES_CLOSE, content):
         if not closed:
             errors.append(f"{where}: unterminated {_HERMES_OPEN}")
         cut = min((i for i in (body.find("<arg_key>"), body.find("\n")) if i >= 0), default=len(body))
@@ -52,5 +46,4 @@ def parse_glm45(text: str) -> ParseResult:
             continue
         if closed:  # a cut-off call may lack arguments: reported, not executed
             calls.append(ToolCall(id="", name=name, arguments=args, arguments_raw=rest.strip()))
-    content.append(text[pos:])
     return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trajtune.chat.parsers.base import ParseResult, _between, _json_calls, _tidy, register_parser
+from trajtune.chat.parsers.base import ParseResult, _json_calls, _tidy, marked_blocks, register_parser
 from trajtune.chat.parsers.pythonic import parse_pythonic
 from trajtune.schema import ToolCall
 
@@ -17,16 +17,10 @@ def parse_lfm2(text: str) -> ParseResult:
     errors: list[str] = []
     calls: list[ToolCall] = []
     content: list[str] = []
-    pos = 0
-    index = 0
-    while (start := text.find(_LFM_OPEN, pos)) >= 0:
-        where = f"call block {index}"
-        index += 1
-        content.append(text[pos:start])
-        inner, pos, closed = _between(text, start + len(_LFM_OPEN), _LFM_CLOSE)
+    for where, inner, closed in marked_blocks(text, _LFM_OPEN, _LFM_CLOSE, content, "call block"):
         if not closed:  # a cut-off call list is reported, never executed
             errors.append(f"{where}: unterminated {_LFM_OPEN}")
-            break
+            continue
         body = inner.strip()
         if body.startswith(("[{", "{")):
             calls += _json_calls(body, where, errors)
@@ -38,7 +32,6 @@ def parse_lfm2(text: str) -> ParseResult:
         elif sub.content:
             errors.append(f"{where}: text inside the call block: {sub.content[:60]!r}")
         calls += sub.tool_calls
-    content.append(text[pos:])
     if _LFM_CLOSE in content[-1]:
         errors.append(f"stray {_LFM_CLOSE} without an opening marker")
     return ParseResult(content=_tidy("".join(content)), tool_calls=calls, errors=errors)
