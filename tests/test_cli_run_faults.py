@@ -220,3 +220,24 @@ def test_out_of_range_counts_are_an_error_line_before_any_work(tmp_path, tiny_di
     line = one_error([names.get(a, a) for a in args], UsageError.exit_code)
     assert needle in line
     assert not out.exists() and not (run_dir / "report.html").exists()
+
+
+def test_eval_on_a_full_disk_is_one_line_and_leaves_no_temp_file(tiny_dir, tmp_path, monkeypatch) -> None:
+    """eval writes its results through the atomic writers, which rename at the end: the rename fails
+    as a full disk would fail it, and the temp file it would have renamed is gone."""
+    import errno
+    import os
+
+    real_replace = os.replace
+
+    def full(src, dst, *a, **kw):
+        if str(dst).startswith(str(tmp_path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+        return real_replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", full)
+    out = tmp_path / "ev"
+    line = one_error(["eval", "--model", str(tiny_dir), "--env", "home", "--tasks", "2", "--max-new-tokens", "4",
+                      "--out", str(out)], 7)
+    assert "the disk is full" in line and str(out) in line
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]

@@ -103,6 +103,11 @@ _STORAGE_HINTS = {
 }
 
 
+def storage_hint(code: int | None) -> str | None:
+    """What to do about an OS error number the user can fix (full, read-only, forbidden), or None."""
+    return _STORAGE_HINTS.get(code) if code is not None else None
+
+
 def storage_error(e: BaseException) -> StorageError | None:
     """The user-fixable form of an OS error (full disk, read-only or forbidden path), or None."""
     if not isinstance(e, OSError) or e.errno not in _STORAGE_HINTS:

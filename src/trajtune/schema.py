@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trajtune.errors import DataError, OutputError, require_input
+from trajtune.errors import DataError, OutputError, StorageError, require_input, storage_hint
 
 SCHEMA_VERSION = "1.0"
 SUPPORTED_SCHEMA_VERSIONS = ("1.0",)
@@ -406,6 +406,8 @@ def _output_error(path: Path, e: OSError) -> OutputError:
         why = f"{bad_parent} is a file, not a directory"
     elif path.is_dir():
         why = "it is a directory; name a file inside it"
+    elif hint := storage_hint(e.errno):  # full, read-only, forbidden: say what to do, as the CLI does elsewhere
+        return StorageError(f"cannot write {path}: {why}; {hint}")
     return OutputError(f"cannot write {path}: {why}")
 
 
