@@ -110,10 +110,11 @@ def storage_hint(code: int | None) -> str | None:
 
 def storage_error(e: BaseException) -> StorageError | None:
     """The user-fixable form of an OS error (full disk, read-only or forbidden path), or None."""
-    if not isinstance(e, OSError) or e.errno not in _STORAGE_HINTS:
+    hint = storage_hint(e.errno) if isinstance(e, OSError) else None
+    if hint is None:
         return None
     where = f"{e.filename}: " if e.filename else ""
-    return StorageError(f"{where}{e.strerror or e}; {_STORAGE_HINTS[e.errno]}")
+    return StorageError(f"{where}{e.strerror or e}; {hint}")
 
 
 class ServerError(UserError, RuntimeError):

@@ -25,7 +25,7 @@ from typing import Any
 
 from trajtune.chat.render import ChatRenderer
 from trajtune.envs.adapters.openai_policy import PolicyError, endpoint_policy, from_openai_message, to_openai_messages
-from trajtune.errors import ModelLoadError, UsageError, require_input
+from trajtune.errors import ModelLoadError, UsageError, require_at_least, require_input
 from trajtune.models.loading import load_model, load_tokenizer, to_device
 from trajtune.schema import Message, Trajectory
 from trajtune.serve import ChatService
@@ -239,8 +239,7 @@ def make_judge(spec: str, *, model: str = "default", rubric: str | None = None, 
                workers: int = 4, device: str = "auto") -> Judge:
     """``openai:URL`` → a judge on that endpoint (it must answer ``GET URL/models``); anything else is a
     local model (alias, path, HF id) answered in-process as ``trajtune serve`` would."""
-    if max_tokens < 1:
-        raise UsageError("--judge-max-tokens must be at least 1")
+    require_at_least(("--judge-max-tokens", max_tokens, 1))
     text = load_rubric(rubric)
     if spec.startswith("openai:"):
         policy = endpoint_policy(spec, model, option="--judge")

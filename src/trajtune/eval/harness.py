@@ -32,7 +32,7 @@ from typing import Any
 
 from trajtune.chat.parsers import available_parsers
 from trajtune.envs.base import Environment, Task
-from trajtune.errors import UsageError
+from trajtune.errors import UsageError, require_at_least
 from trajtune.eval.backends import Backend
 from trajtune.eval.bayes_lora import summarize_uncertainty
 from trajtune.eval.metrics import eval_meta, safety_summary, summarize
@@ -108,14 +108,14 @@ class EvalSettings:
             raise UsageError(f"--split must be train or test, not {self.split!r}")
         if self.split != "test" and self.env is None:
             raise UsageError("--split chooses an environment's tasks; a benchmark has its own entries (leave --split out)")
-        if self.n < 1 or self.tasks < 1 or (self.limit is not None and self.limit < 1):
-            raise UsageError("--n, --tasks and --limit must be at least 1")
+        require_at_least(("--n", self.n, 1), ("--tasks", self.tasks, 1),
+                         *([("--limit", self.limit, 1)] if self.limit is not None else []))
         if self.temperature < 0:
             raise UsageError(f"--temperature must be at least 0 (0 = greedy), not {self.temperature:g}")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"--top-p must be in (0, 1], not {self.top_p:g}")
-        if self.max_new_tokens < 1 or self.batch_size < 1 or self.workers < 1:
-            raise UsageError("--max-new-tokens, --batch-size and --workers must be at least 1")
+        require_at_least(("--max-new-tokens", self.max_new_tokens, 1), ("--batch-size", self.batch_size, 1),
+                         ("--workers", self.workers, 1))
         if self.best_of is not None:
             if self.best_of < 2:
                 raise UsageError("--best-of needs at least 2 candidates")
@@ -134,8 +134,6 @@ class EvalSettings:
                              "episode; set a temperature (e.g. --temperature 0.8)")
         if self.parser != "auto" and self.parser not in available_parsers():
             raise UsageError(f"unknown tool-call parser {self.parser!r}; available: auto, {', '.join(available_parsers())}")
-        if self.workers < 1 or self.batch_size < 1:
-            raise UsageError("--workers and --batch-size must be at least 1")
         if self.bayes_lora is not None and self.bayes_lora < 2:
             raise UsageError("--bayes-lora needs at least 2 stochastic passes (e.g. --bayes-lora 8)")
         self.render_config()  # unknown or invalid render options fail before anything loads
@@ -152,8 +150,7 @@ class EvalSettings:
             return
         self.judge_model = self.judge_model or "default"
         self.judge_max_tokens = 256 if self.judge_max_tokens is None else self.judge_max_tokens
-        if self.judge_max_tokens < 1:
-            raise UsageError("--judge-max-tokens must be at least 1")
+        require_at_least(("--judge-max-tokens", self.judge_max_tokens, 1))
         if self.judge_rubric is not None:
             load_rubric(self.judge_rubric)  # a missing or empty file fails before anything runs
 
