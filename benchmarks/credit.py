@@ -10,6 +10,8 @@ selected there (5e-5), for the same number of policy updates. Arms:
 - mc_critic: `rl.credit: mc_critic`, M = 2 rollouts per state, λ = 1 (A_k = G_k − V(s_k))
 - gae:       `rl.credit: gae`, PPO with a learned value head, token-level GAE λ = 0.95, γ = 1
 - mc_blend:  `rl.credit: mc_critic` as above with the learned value blended in (w = 0.5)
+- gigpo:     `rl.credit: gigpo`, γ = 1, ω = 1, anchor states from the observation history (the
+             episode's advantage plus a step advantage among the steps taken from the same state)
 
 MC-Critic spends M extra rollouts per turn of every episode; the table reports the rollouts each
 arm used. `home` rewards only the outcome (1 when the task is done), so turn-level credit differs
@@ -17,6 +19,7 @@ from episode-level only in grouping by depth, and MC-Critic only in its per-stat
 Greedy evaluation on the demo's 100 held-out test tasks. A benchmark, not a test.
 
     python benchmarks/credit.py --demo runs/demo --seeds 0 1 --steps 16 [--arms episode gae]
+    python benchmarks/credit.py --arms episode gigpo --seeds 0 1 2 3 --out benchmarks/results/credit_gigpo.json
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "mc_critic": {"credit": "mc_critic", "mc_critic": {"samples": 2, "lam": 1.0}},
     "gae": {"credit": "gae", "value": {"vf_coef": 0.1, "clip": 0.2, "lam": 0.95}},
     "mc_blend": {"credit": "mc_critic", "mc_critic": {"samples": 2, "lam": 1.0, "value_weight": 0.5}},
+    "gigpo": {"credit": "gigpo", "gigpo": {"step_weight": 1.0, "anchor": "history"}},
 }
 #: arms that compute their own advantages (no group estimator)
 OWN_ADVANTAGES = ("mc_critic", "gae", "mc_blend")
@@ -93,6 +97,9 @@ def main() -> None:
             sampled = a.steps * lfa.TASKS_PER_STEP * lfa.GROUP + sum(m.get("mc_rollouts", 0.0) for m in logs)
             rows.append({"arm": arm, "seed": seed, "before": before, "after": after, "delta": after - before,
                          "rollouts": int(sampled), "seconds": round(secs, 1)})
+            anchored = [m["gigpo/anchored_steps"] for m in logs if "gigpo/anchored_steps" in m]
+            if anchored:  # how often states recurred: the share of steps that had a step group
+                rows[-1]["anchored_steps"] = round(statistics.mean(anchored), 3)
             print(json.dumps(rows[-1]), flush=True)
     print(f"\nheld-out success on {a.n_test} test tasks from {start.name} ({before:.1%}), {a.steps} GRPO steps, "
           f"lr {a.lr:g}")

@@ -196,8 +196,9 @@ class RolloutSource:
             if id(t) in trained and t.advantages is not None:
                 e.trajectory.metadata["advantage"] = round(next(
                     (a for a, w, s in zip(t.advantages, t.weight, t.source) if s == SOURCE_POLICY and w), 0.0), 6)
-                if "turn_advantages" in t.meta:
-                    e.trajectory.metadata["turn_advantages"] = t.meta["turn_advantages"]
+                for key in ("turn_advantages", "anchor_group_sizes"):  # per-turn credit, GiGPO's step groups
+                    if key in t.meta:
+                        e.trajectory.metadata[key] = t.meta[key]
             elif id(t) not in trained:
                 e.trajectory.metadata["trained"] = False
         if metrics.get("nonfinite_rewards"):

@@ -29,6 +29,7 @@ from trajtune.algorithms.advantages import (
     is_informative,
 )
 from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
+from trajtune.algorithms.gigpo import Anchor, assign_gigpo_advantages
 from trajtune.algorithms.episode_transforms import (
     DEFAULT_TERMINATION_POLICY,
     TerminationPolicy,
@@ -83,6 +84,18 @@ class Overlong(BaseModel):
         return self
 
 
+class GiGPOSpec(BaseModel):
+    """GiGPO's step groups: how anchor states are found and how much the step advantage weighs."""
+
+    model_config = ConfigDict(extra="forbid")
+    step_weight: float = Field(1.0, gt=0, description="ω: the step advantage's weight beside the episode's (the "
+                                                      "paper's 1)")
+    anchor: Literal["history", "last"] = Field(
+        "history", description="the anchor state of a turn: history (everything the policy did not write before "
+                               "it) or last (only what came back since the previous action, for environments "
+                               "whose observation is the whole state)")
+
+
 class RLSpec(_C):
     estimator: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
         "grpo", description="advantage estimator (docs/algorithms.md): grpo (group mean/std), dr_grpo (group "
@@ -128,14 +141,17 @@ class RLSpec(_C):
         None, description="the training reward as weighted named terms with an optional per-stage schedule "
                           "(env, success, format, length, turns, info.NAME from the environment, module:function "
                           "plug-ins); each term is logged as reward/NAME (docs/algorithms.md, Reward composition)")
-    credit: Literal["episode", "turn", "mc_critic", "gae"] = Field(
+    credit: Literal["episode", "turn", "gigpo", "mc_critic", "gae"] = Field(
         "episode", description="episode: the episode reward's advantage on every policy token; turn: each turn's "
                                "discounted return compared across the group's turns at the same depth (per-turn "
-                               "rewards from the environment); mc_critic: turn-level GAE with Monte-Carlo state "
+                               "rewards from the environment); gigpo: the episode's advantage plus a step "
+                               "advantage among the group's steps from the same anchor state (GiGPO); mc_critic: turn-level GAE with Monte-Carlo state "
                                "values from extra rollouts; gae: PPO with a learned value head and token-level "
                                "GAE(γ, λ) (docs/algorithms.md, Turn-level credit, MC-Critic, PPO with a value head)")
-    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn, mc_critic or "
-                                                      "gae)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn, gigpo, "
+                                                      "mc_critic or gae)")
+    gigpo: GiGPOSpec | None = Field(None, description="with credit: gigpo: the step advantage's weight and the "
+                                                      "anchor-state rule; defaults when omitted")
     value: ValueSpec | None = Field(None, description="the value head (credit: gae, or mc_critic with "
                                                       "mc_critic.value_weight > 0): vf_coef, value clipping, GAE λ "
                                                       "and advantage whitening; defaults when omitted")
@@ -194,7 +210,9 @@ class RLSpec(_C):
         if self.group_size == 1 and (self.drop_equal_groups or self.dynamic_sampling is not None):
             raise ValueError("rl.drop_equal_groups / rl.dynamic_sampling with group_size 1 would drop every group")
         if "gamma" in s and self.credit == "episode":
-            raise ValueError("rl.gamma only applies to credit: turn, mc_critic or gae")
+            raise ValueError("rl.gamma only applies to credit: turn, gigpo, mc_critic or gae")
+        if self.gigpo is not None and self.credit != "gigpo":
+            raise ValueError("rl.gigpo only applies to credit: gigpo")
         if self.mc_critic is not None and self.credit != "mc_critic":
             raise ValueError("rl.mc_critic only applies to credit: mc_critic")
         if self.credit == "mc_critic" and ("estimator" in s or "whitening" in s):
@@ -203,8 +221,8 @@ class RLSpec(_C):
         self._value_no_ops(s)
         if self.credit == "mc_critic" and self.async_rollouts:
             raise ValueError("rl.credit: mc_critic with rl.async_rollouts is not supported")
-        if self.credit == "turn" and self.estimator.startswith("reinforce_pp"):
-            raise ValueError("rl.credit: turn works with the group estimators (grpo, dr_grpo, rloo), not "
+        if self.credit in ("turn", "gigpo") and self.estimator.startswith("reinforce_pp"):
+            raise ValueError(f"rl.credit: {self.credit} works with the group estimators (grpo, dr_grpo, rloo), not "
                              f"{self.estimator}")
         if "whitening" in s and not self.estimator.startswith("reinforce_pp"):
             raise ValueError("rl.whitening only applies to the reinforce_pp estimators")
@@ -250,12 +268,13 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
                   overlong: tuple[int, int] | None = None, ref_model: Any = None, pad_id: int = 0,
                   temperature: float = 1.0, credit: str = "episode",
                   gamma: float = 1.0, lam: float = 1.0, value_weight: float = 0.0,
-                  whiten_advantages: bool = False) -> tuple[list[Transform], list[Transform]]:
+                  whiten_advantages: bool = False, step_weight: float = 1.0,
+                  anchor: Anchor = "history") -> tuple[list[Transform], list[Transform]]:
     """The RL transform lists for ``RolloutSource``, in order: (per round) non-finite rewards →
     termination policy → overlong penalty → informative-group filter; (per batch) advantages →
     reference log-probs. ``credit`` picks the advantages: ``episode`` (group estimators), ``turn``
-    (per-turn returns), ``mc_critic`` (turn-level GAE on Monte-Carlo values), ``gae`` (token-level
-    GAE on a value head); the dispatch is here, with the algorithm, not in the experience sources."""
+    (per-turn returns), ``gigpo`` (episode plus anchor-state step advantages), ``mc_critic``
+    (turn-level GAE on Monte-Carlo values), ``gae`` (token-level GAE on a value head); the dispatch is here, with the algorithm, not in the experience sources."""
 
     def nonfinite(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
         tts, n = mark_nonfinite_rewards(tts)
@@ -276,6 +295,8 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
     def advantages(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
         if credit == "turn":
             kept, m = assign_turn_advantages(tts, estimator, gamma, masked_in_baseline)  # type: ignore[arg-type]
+        elif credit == "gigpo":
+            kept, m = assign_gigpo_advantages(tts, estimator, gamma, step_weight, anchor, masked_in_baseline)
         elif credit == "mc_critic":
             kept, m = assign_mc_advantages(tts, gamma, lam, value_weight)
         elif credit == "gae":
@@ -392,6 +413,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         lam=(r.value or ValueSpec()).lam if r.credit == "gae" else (r.mc_critic or MCCriticSpec()).lam,
         value_weight=(r.mc_critic or MCCriticSpec()).value_weight if r.credit == "mc_critic" else 0.0,
         whiten_advantages=(r.value or ValueSpec()).whiten_advantages,
+        step_weight=(r.gigpo or GiGPOSpec()).step_weight, anchor=(r.gigpo or GiGPOSpec()).anchor,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
         ref_model=ref, pad_id=pad_id, temperature=temperature)
     composer = RewardComposer(r.reward) if r.reward is not None else None
