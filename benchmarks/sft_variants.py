@@ -9,14 +9,16 @@ logs look like: mistakes, then fixes.
 Arms (identical data, steps, learning rate and seed; only the loss weights differ):
 
 - plain:  `data.train_on: all`: every assistant turn is trained, the mistakes too;
-- masked: `data.mask_errors: true`: the mistaken turns stay in context with weight 0.
+- masked: `data.mask_errors: true`: the mistaken turns stay in context with weight 0;
+- filtered: `data.filters: {errors: true}`: records with a mistake are removed before training
+  (what `trajtune data filter --errors` writes), so fewer records train for the same steps.
 
 Each arm trains the demo's freshly built base model (runs/demo/base-model) with the demo's SFT
 settings for `--steps` steps, then `trajtune eval` scores it greedily on `--tasks` held-out `home`
 tasks: success, mean turns, and the share of episodes in which the model made a call that drew an
 error. A benchmark, not a test: it prints a table and writes JSON, and asserts nothing.
 
-    python benchmarks/sft_variants.py --demo runs/demo --seeds 0 1 --steps 300
+    python benchmarks/sft_variants.py --demo runs/demo --seeds 0 1 --steps 300 [--arms plain masked filtered]
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+
+ARMS = {"plain": ["data.train_on=all"], "masked": ["data.train_on=all", "data.mask_errors=true"],
+        "filtered": ["data.train_on=all", "data.filters.errors=true"]}
 
 
 def inject(record: dict[str, Any], rng: random.Random) -> dict[str, Any] | None:
@@ -89,6 +95,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--work", default="runs/bench-sft-variants")
     ap.add_argument("--out", default="benchmarks/results/sft_variants.json")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     a = ap.parse_args()
 
     demo, work = Path(a.demo), Path(a.work)
@@ -96,7 +103,7 @@ def main() -> None:
     data = work / "train_with_errors.jsonl"
     counts = make_data(demo / "data" / "train.jsonl", data, a.error_rate, seed=0)
     print(f"data: {counts['records']} records, {counts['with_error']} with an injected mistake", flush=True)
-    arms = {"plain": ["data.train_on=all"], "masked": ["data.train_on=all", "data.mask_errors=true"]}
+    arms = {k: ARMS[k] for k in a.arms}
     rows: list[dict[str, Any]] = []
     for seed in a.seeds:
         for arm, sets in arms.items():  # interleaved: plain, masked, plain, masked
@@ -114,9 +121,11 @@ def main() -> None:
             run([sys.executable, "-m", "trajtune.cli", "eval", "--model", str(out / "final"), "--env", "home",
                  "--tasks", str(a.tasks), "--max-turns", "4", "--out", str(ev), "--overwrite", "--no-report"])
             metrics = json.loads((ev / "results.json").read_text())["metrics"]
-            masked = json.loads((out / "result.json").read_text()).get("error_turns_masked", {})
+            result = json.loads((out / "result.json").read_text())
+            masked = result.get("error_turns_masked", {})
             row = {"arm": arm, "seed": seed, "success": metrics["success"], "mean_turns": metrics["mean_turns"],
                    "episodes_with_error_call": errors_made(ev / "episodes.jsonl"), "masked_turns": masked,
+                   **({"filters": result["filters"]} if "filters" in result else {}),
                    "seconds": round(time.perf_counter() - t, 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -135,6 +135,44 @@ class CriticalSteps(_C):
         return self
 
 
+class FilterSpec(_C):
+    """Which records to remove before training (``data.filters``; the same as ``trajtune data filter``)."""
+
+    consistency: bool = Field(False, description="remove records with a call repeated unchanged after it failed "
+                                                 "(repeat-failed-call) or an answer given on an unrecovered error "
+                                                 "(ends-on-error)")
+    errors: bool = Field(False, description="remove records with any error turn (invalid call, error observation, "
+                                            "verifier flag); data.mask_errors keeps them with weight 0 instead")
+    format: bool = Field(False, description="remove records with a validation error or arguments that violate "
+                                            "their tool's JSON Schema")
+    min_turns: int | None = Field(None, gt=0, description="remove records with fewer assistant turns")
+    max_turns: int | None = Field(None, gt=0, description="remove records with more assistant turns")
+    max_chars: int | None = Field(None, gt=0, description="remove records whose message text (tool calls "
+                                                          "included) is longer")
+    judge: str | None = Field(None, description="an LLM judge: openai:URL (an OpenAI-compatible endpoint) or a local "
+                                                "model (alias, path); records scored under judge_min_score go")
+    judge_model: str = Field("default", description="with an openai: judge: the model name sent to the endpoint")
+    judge_rubric: str | None = Field(None, description="a rubric file for the judge (default: the eval judge's "
+                                                       "0-10 rubric)")
+    judge_min_score: float = Field(5.0, description="with judge: the lowest score a kept record may have")
+
+    @model_validator(mode="after")
+    def _useful(self) -> "FilterSpec":
+        s = self.non_default()
+        if not (self.consistency or self.errors or self.format or self.judge or self.min_turns or self.max_turns
+                or self.max_chars):
+            raise ValueError("data.filters names no filter: set consistency, errors, format, min_turns, max_turns, "
+                             "max_chars or judge (or drop data.filters)")
+        if self.judge is None:
+            extra = [k for k in ("judge_model", "judge_rubric", "judge_min_score") if k in s]
+            if extra:
+                raise ValueError(f"{', '.join('data.filters.' + k for k in extra)} only apply with data.filters.judge")
+        if self.min_turns and self.max_turns and self.min_turns > self.max_turns:
+            raise ValueError(f"data.filters.min_turns ({self.min_turns}) > max_turns ({self.max_turns}): every "
+                             "record would be removed")
+        return self
+
+
 _DataSpecFields = runtime_section("DataSpec", RenderConfig, [
     ("path", str, Field(description="training data file (JSONL/JSON in any supported format; `trajtune data "
                                     "validate` checks it)")),
@@ -147,6 +185,9 @@ _DataSpecFields = runtime_section("DataSpec", RenderConfig, [
     ("faft", bool, Field(False, description="feedback-aware fine-tuning: each record's verifier feedback "
                                             "(metadata.feedback) is appended to its request, so passing and failing "
                                             "plans both train; evaluate with env feedback_slot (docs/algorithms.md)")),
+    ("filters", FilterSpec | None, Field(
+        None, description="remove records before training: stepwise consistency, mistakes, format, length, an LLM "
+                          "judge; the counts by rule go to result.json (docs/formats.md, Filtering data)")),
     ("critical_steps", CriticalSteps | None, Field(
         None, description="critical-step SFT (ATLaS): train only the selected turns, the others stay in context "
                           "(docs/algorithms.md)")),

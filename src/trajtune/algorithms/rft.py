@@ -18,11 +18,19 @@ from pydantic import Field, model_validator
 from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
 from trajtune.algorithms.batch import fit_length
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
-from trajtune.algorithms.sft import SFTObjective, critical_steps, load_records, mask_errors, render_training_data
-from trajtune.config import DataSpec, EnvRunBase, _C
+from trajtune.algorithms.sft import (
+    SFTObjective,
+    critical_steps,
+    filter_records,
+    load_records,
+    mask_errors,
+    render_training_data,
+)
+from trajtune.config import DataSpec, EnvRunBase, FilterSpec, _C
 from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, DataError, require_input
 from trajtune.experience import IterativeSource
+from trajtune.filters import apply_filters, make_filter_judge
 from trajtune.progress import console
 from trajtune.schema import Trajectory
 from trajtune.tokens import TokenTrajectory
@@ -178,6 +186,10 @@ class RFTSpec(_C):
                                          "expert trajectories in data.path (their ids are training task ids)")
     eef_states: int = Field(5, gt=0, description="M: evenly spaced states per failed expert trajectory")
     eef_attempts: int = Field(2, gt=0, description="policy attempts from each state")
+    filters: FilterSpec | None = Field(
+        None, description="quality filters on the mined successes before they train (stepwise consistency, "
+                          "mistakes, format, length, an LLM judge; docs/formats.md, Filtering data); removed ones "
+                          "are logged as filtered_RULE")
 
     @model_validator(mode="after")
     def _no_ops(self) -> "RFTSpec":
@@ -227,6 +239,9 @@ def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
     if cfg.data is not None:
         require_input(cfg.data.path, "data.path")
         trajs, load = load_records(cfg.data)
+        trajs, filtered = filter_records(trajs, cfg.data)
+        if filtered:
+            counts["filters"] = filtered
         trajs, masked = mask_errors(trajs, cfg.data)
         if masked:
             counts["error_turns_masked"] = masked
@@ -258,12 +273,19 @@ def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Reci
     max_length = cfg.data.max_length if cfg.data else cfg.rollout.max_length
 
     env_factory = cfg.rollout.env_factory(cfg.env)
+    judge = make_filter_judge(r.filters) if r.filters is not None else None
 
     def mine(it: int, model: Any) -> tuple[list[Any], dict[str, float]]:
         seed = cfg.seed * 1_000_003 + 7_777 + it
         kept, c = rft_mine(model, ctx.tokenizer, ctx.renderer, env_factory, prepared["tasks"], ro, r.k,
                            r.per_task_quota, seed, dedup=r.dedup)
         metrics = {k: float(v) for k, v in c.items()}
+        if r.filters is not None:  # a success that repeated a failed call still teaches the repeat
+            kept, report = apply_filters(kept, r.filters, judge)
+            metrics.update({f"filtered_{k}": float(v) for k, v in report.removed.items()})
+            metrics["filtered_out"] = float(sum(report.removed.values()))
+            if report.judge_failures:
+                metrics["filter_judge_failures"] = float(report.judge_failures)
         records = list(kept)
         if r.eef:
             segs, ce = eef_mine(model, ctx.tokenizer, ctx.renderer, env_factory, prepared["failed"], ro,

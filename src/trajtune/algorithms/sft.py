@@ -156,6 +156,21 @@ def load_records(spec: DataSpec) -> tuple[list[Any], Any]:
     return trajs, load
 
 
+def filter_records(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, Any]]:
+    """``data.filters``: the records the quality filters keep (trajtune.filters), and the counts by
+    rule (for result.json). Removing every record is an error that says which rules did it."""
+    if spec.filters is None:
+        return trajs, {}
+    from trajtune.filters import apply_filters, make_filter_judge
+
+    kept, report = apply_filters(trajs, spec.filters, make_filter_judge(spec.filters))
+    if not kept:
+        raise DataError(f"{spec.path}: data.filters removed all {len(trajs)} records "
+                        f"({report.as_dict()['removed_by_rule']}); loosen data.filters or check the data with "
+                        "`trajtune data filter`")
+    return kept, report.as_dict()
+
+
 def mask_errors(trajs: list[Any], spec: DataSpec) -> tuple[list[Any], dict[str, int]]:
     """``data.mask_errors``: error turns keep their context and lose their weight (error_mask.py);
     returns the rewritten records and the masked turns by reason (for result.json)."""
@@ -202,10 +217,11 @@ def pack_documents(path: str, tokenizer: Any, max_length: int) -> tuple[list[Tok
 
 
 def conversation_data(data: Any, ctx: RunContext) -> tuple[list[Any], list[TokenTrajectory], dict[str, Any]]:
-    """The records of ``data`` (a DataSpec of conversations) through the per-turn weight transforms
-    (FAFT, error masks, critical steps), rendered: (trajectories, token trajectories, the counts
+    """The records of ``data`` (a DataSpec of conversations) through the quality filters and the
+    per-turn weight transforms (FAFT, error masks, critical steps), rendered: (trajectories, token trajectories, the counts
     result.json reports). Every algorithm that trains on conversations shares it."""
     trajs, load = load_records(data)
+    trajs, filtered = filter_records(trajs, data)
     faft: dict[str, Any] = {}
     if data.faft:
         trajs, faft = faft_records(trajs)
@@ -215,6 +231,7 @@ def conversation_data(data: Any, ctx: RunContext) -> tuple[list[Any], list[Token
     return trajs, tts, {"train_records": counts["train_records"], "truncated_or_dropped": counts["truncated_or_dropped"],
                         "invalid_skipped": load.skipped, "invalid_by_rule": dict(load.by_rule),
                         "dropped_records": counts["dropped_records"],
+                        **({"filters": filtered} if filtered else {}),
                         **({"error_turns_masked": masked} if data.mask_errors else {}),
                         **({"critical_steps": critical} if critical else {}),
                         **({"faft": faft} if faft else {})}

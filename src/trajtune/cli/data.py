@@ -625,6 +625,87 @@ def dedup(
     _print_skips(ls)
 
 
+@data_app.command(name="filter")
+def filter_(
+    input: Path = typer.Argument(..., help="Input JSONL file (plain or gzipped)."),
+    output: Path = typer.Option(..., "--out", "-o", help="Output JSONL file of the kept records."),
+    consistency: bool = typer.Option(False, "--consistency", help="Remove records that repeat a failed call "
+                                     "unchanged or answer on an unrecovered error."),
+    errors: bool = typer.Option(False, "--errors", help="Remove records with any error turn (invalid call, error "
+                                "observation, verifier flag)."),
+    format_check: bool = typer.Option(False, "--format-check", help="Remove records with a validation error or "
+                                      "arguments that violate their tool's schema."),
+    min_turns: Optional[int] = typer.Option(None, "--min-turns", help="Remove records with fewer assistant turns."),
+    max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Remove records with more assistant turns."),
+    max_chars: Optional[int] = typer.Option(None, "--max-chars", help="Remove records with more characters of text."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="An LLM judge: openai:URL or a local model; records "
+                                        "scored under --judge-min-score are removed, judge failures keep the record."),
+    judge_model: str = typer.Option("default", "--judge-model", help="With an openai: judge: the model name."),
+    judge_rubric: Optional[str] = typer.Option(None, "--judge-rubric", help="A rubric file (default: 0-10)."),
+    judge_min_score: float = typer.Option(5.0, "--judge-min-score", help="The lowest score a kept record may have."),
+    rejected: Optional[Path] = typer.Option(None, "--rejected", help="Also write the removed records here, each "
+                                            "with metadata.filter = {rule, detail}."),
+    to: str = typer.Option("ir", "--to", "-t", help="Output format."),
+    format: Optional[str] = FromOpt,
+    skip_invalid: bool = SkipOpt,
+    overwrite: bool = OverwriteOpt,
+) -> None:
+    """Remove low-quality records before training, naming the rule that removed each: stepwise
+    consistency, mistakes, format, length, an LLM judge (the same filters as `data.filters` in SFT
+    and RFT configs; docs/formats.md, Filtering data).
+
+    Example: trajtune data filter logs.jsonl -o clean.jsonl --consistency --format-check --max-turns 20 --rejected removed.jsonl
+    """
+    from trajtune.config import FilterSpec
+    from trajtune.filters import RULE_ORDER, apply_filters, make_filter_judge
+
+    for flag, value in (("--min-turns", min_turns), ("--max-turns", max_turns), ("--max-chars", max_chars)):
+        if value is not None:
+            require_at_least((flag, value, 1))
+    if not (consistency or errors or format_check or judge or min_turns or max_turns or max_chars):
+        raise UsageError("name at least one filter: --consistency, --errors, --format-check, --min-turns, "
+                         "--max-turns, --max-chars or --judge")
+    if min_turns and max_turns and min_turns > max_turns:
+        raise UsageError(f"--min-turns ({min_turns}) > --max-turns ({max_turns}): every record would be removed")
+    given = {"consistency": consistency, "errors": errors, "format": format_check, "min_turns": min_turns,
+             "max_turns": max_turns, "max_chars": max_chars, "judge": judge}
+    if judge is not None:
+        given.update(judge_model=judge_model, judge_rubric=judge_rubric, judge_min_score=judge_min_score)
+    elif judge_model != "default" or judge_rubric is not None or judge_min_score != 5.0:
+        raise UsageError("--judge-model / --judge-rubric / --judge-min-score only apply with --judge")
+    spec = FilterSpec.model_validate({k: v for k, v in given.items() if v not in (None, False)})
+    with _path_errors(skippable=True):
+        _input(input)
+        _check_output(output, overwrite, [input])
+        if rejected is not None:
+            _check_output(rejected, overwrite, [input, output])
+        export = _exporter(to)
+        scorer = make_filter_judge(spec)  # an unreachable endpoint is refused before anything is written
+        ls = LoadStats()
+        check = _valid(input)
+        records = (traj for _, traj, _ in iter_records(input, format, skip_invalid=skip_invalid, stats=ls, check=check))
+        with AtomicJsonlWriter(output, overwrite=overwrite) as w:
+            if rejected is None:
+                kept, report = apply_filters(records, spec, scorer)
+            else:
+                with AtomicJsonlWriter(rejected, overwrite=overwrite) as rw:
+                    def keep_removed(t: Trajectory, rule: str, detail: str) -> None:
+                        rw.write(export(t.model_copy(update={"metadata": {**t.metadata,
+                                                                           "filter": {"rule": rule, "detail": detail}}}))[0])
+                    kept, report = apply_filters(records, spec, scorer, keep_removed)
+            for t in kept:
+                w.write(export(t)[0])
+    removed = sum(report.removed.values())
+    typer.echo(f"kept {report.kept}, removed {removed} -> {output}" + (f" (removed: {rejected})" if rejected else ""))
+    for rule in RULE_ORDER:
+        if report.removed.get(rule):
+            typer.echo(f"  {rule}: {report.removed[rule]}")
+    if report.judge_failures:
+        typer.echo(f"  the judge failed on {report.judge_failures} record(s); they were kept")
+    _print_warnings(check, input)
+    _print_skips(ls)
+
+
 @data_app.command()
 def pairs(
     input: Path = typer.Argument(..., help="Episodes JSONL: rollouts.jsonl of an rl run, episodes.jsonl of an eval, "
