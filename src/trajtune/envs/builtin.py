@@ -13,6 +13,7 @@ from trajtune.envs.bandit import BanditEnv
 from trajtune.envs.code_math import CodeMathEnv
 from trajtune.envs.fncall import FncallEnv
 from trajtune.envs.home import HomeEnv
+from trajtune.envs.masked_search import MaskedSearchEnv
 from trajtune.envs.memory import MemoryEnv
 from trajtune.envs.safety import SafetyEnv
 from trajtune.envs.search_qa import SearchQAEnv
@@ -25,7 +26,7 @@ from trajtune.envs.workspace import WorkspaceEnv
 WORLDS = {
     "home": HomeEnv, "workspace": WorkspaceEnv, "code_math": CodeMathEnv, "search_qa": SearchQAEnv,
     "bandit": BanditEnv, "tictactoe": TicTacToeEnv, "sokoban": SokobanEnv, "memory": MemoryEnv,
-    "fncall": FncallEnv, "trip": TripEnv, "safety": SafetyEnv,
+    "fncall": FncallEnv, "trip": TripEnv, "safety": SafetyEnv, "masked_search": MaskedSearchEnv,
 }
 #: The adapters a config names with a short form (``{python_tools: ...}``, ``{gym: ...}``, ``{mcp: ...}``).
 ADAPTERS = {"python_tools": python_tools, "gym": gym, "mcp": mcp}
