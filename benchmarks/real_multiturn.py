@@ -26,6 +26,7 @@ that differs and how (no call, an unparsable call, the wrong tool, the wrong roo
 wrong state, a call where the expert answered, no final answer).
 
     python benchmarks/real_multiturn.py --out runs/real-home-s0 --seed 0
+    python benchmarks/real_multiturn.py --out runs/real-home-s0 --seed 0 --arms gigpo   # GiGPO arm
     python benchmarks/real_multiturn.py --table runs/real-home-s0 runs/real-home-s1
 
 Writes ``summary.json`` in the run directory; ``--table`` prints the seeds side by side and writes
@@ -95,19 +96,32 @@ def sft_config(base: str, out: Path, p: dict[str, Any], seed: int) -> Any:
     })
 
 
-def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int) -> Any:
+# RL arms from the same under-trained checkpoint, the same tasks and the same rollout budget:
+# stage directory, summary key, what the arm changes in ``rl``, and its learning rate as a multiple
+# of rl_lr. grpo_2lr is GiGPO's control: with an outcome reward and γ = 1, GiGPO's turn-0 step
+# group is the whole group, so its first turn trains with twice GRPO's advantage.
+ARMS: dict[str, tuple[str, str, dict[str, Any], float]] = {
+    "grpo": ("rl", "weak_rl", {}, 1.0),
+    "gigpo": ("rl-gigpo", "weak_rl_gigpo", {"credit": "gigpo", "gigpo": {"step_weight": 1.0}}, 1.0),
+    "grpo_2lr": ("rl-grpo-2lr", "weak_rl_grpo_2lr", {}, 2.0),
+}
+
+
+def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int, arm: str = "grpo") -> Any:
     """GRPO on fresh training tasks (seed + 1000: tasks the SFT data did not draw), continuing the
-    checkpoint's adapter; the reward is the episode's outcome."""
+    checkpoint's adapter; the reward is the episode's outcome. ``arm`` gigpo adds GiGPO's step
+    advantages from anchor states (same episodes, same budget)."""
     from trajtune.algorithms.rl import RLRunConfig
 
+    stage_dir, _, extra, lr_factor = ARMS[arm]
     return RLRunConfig.model_validate({
         "model": {"name_or_path": str(start), "dtype": "float32"},
-        "output_dir": str(out / "rl"), "seed": seed + 1000, "env": "home", "report": False,
+        "output_dir": str(out / stage_dir), "seed": seed + 1000, "env": "home", "report": False,
         "rollout": {"max_turns": p["max_turns"], "max_new_tokens": p["max_new_tokens"], "max_length": p["max_length"],
                     "temperature": p["rl_temperature"], "batch_size": p["rl_tasks_per_step"] * p["rl_group_size"]},
         "rl": {"estimator": "grpo", "tasks_per_step": p["rl_tasks_per_step"], "group_size": p["rl_group_size"],
-               "n_train_tasks": p["rl_steps"] * p["rl_tasks_per_step"], "drop_equal_groups": True},
-        "train": {"steps": p["rl_steps"], "lr": p["rl_lr"], "schedule": "constant", "warmup_steps": 0,
+               "n_train_tasks": p["rl_steps"] * p["rl_tasks_per_step"], "drop_equal_groups": True, **extra},
+        "train": {"steps": p["rl_steps"], "lr": p["rl_lr"] * lr_factor, "schedule": "constant", "warmup_steps": 0,
                   "micro_batch_size": p["rl_group_size"],
                   "save_every": 4 if p["rl_steps"] > 4 else 0},
     })
@@ -138,7 +152,7 @@ def _weak(out: Path, p: dict[str, Any], seed: int) -> tuple[Path | None, dict[in
     return (None if step is None else out / "sft" / "checkpoints" / f"step-{step:06d}"), probed
 
 
-def run(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
+def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo",)) -> dict[str, Any]:
     from trajtune.demo_real import _Stages
     from trajtune.envs.registry import make_env
     from trajtune.models.resolve import resolve_model
@@ -152,7 +166,10 @@ def run(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
     atomic_write_text(settings_file, json.dumps({**p, "seed": seed}, indent=1))
     base = str(resolve_model(p["model"]).path)
     stage = _Stages()
-    s: dict[str, Any] = {"settings": p, "seed": seed}
+    # a later invocation with other arms keeps what earlier ones measured
+    prev = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    s: dict[str, Any] = {k: v for k, v in prev.items() if k.startswith("weak_rl")}
+    s.update({"settings": p, "seed": seed})
     with stage("data"):
         data = out / "data" / "train.jsonl"
         if not data.exists():
@@ -179,15 +196,19 @@ def run(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
         s["weak_step"] = int(weak.name.split("-")[1])
         with stage("eval_weak"):
             s["weak"] = _eval(weak, out / "eval-weak", p, seed)["success"]
-        train_then_eval("rl", "weak_rl", run_rl, rl_config(weak, out, p, seed))
-    s["failures"] = {name: failures(out / f"eval-{name}") for name in ("sft", "weak", "rl")
+        for arm in arms:
+            stage_dir, key, _, _ = ARMS[arm]
+            train_then_eval(stage_dir, key, run_rl, rl_config(weak, out, p, seed, arm))
+    s["failures"] = {name: failures(out / f"eval-{name}") for name in ("sft", "weak", *(a[0] for a in ARMS.values()))
                      if (out / f"eval-{name}").exists()}
-    # a stage read back from an earlier invocation took ~0 s here: its earlier figures are kept
-    prev = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    # a stage read back from an earlier invocation took ~0 s here: its earlier figures are kept; a
+    # stage this invocation did not reach keeps them too
     redone = {k for k, v in stage.times.items() if v >= 1.0 or k not in prev.get("seconds", {})}
-    s["seconds"] = {k: v if k in redone else prev["seconds"][k] for k, v in stage.times.items()}
-    s["peak_rss_mb_by_stage"] = {k: v if k in redone else prev["peak_rss_mb_by_stage"][k]
-                                 for k, v in stage.peak.items()}
+    s["seconds"] = {**prev.get("seconds", {}),
+                    **{k: v if k in redone else prev["seconds"][k] for k, v in stage.times.items()}}
+    s["peak_rss_mb_by_stage"] = {**prev.get("peak_rss_mb_by_stage", {}),
+                                 **{k: v if k in redone else prev["peak_rss_mb_by_stage"][k]
+                                    for k, v in stage.peak.items()}}
     s["wall_seconds"] = round(sum(s["seconds"].values()), 1)  # the stages' work, across invocations
     atomic_write_text(out / "summary.json", json.dumps(s, indent=1))
     return s
@@ -257,8 +278,10 @@ def table(runs: list[Path]) -> None:
     print("| under-trained checkpoint (step) | " + " / ".join(str(s["weak_step"]) for s in sums) + " |")
     print(row("under-trained checkpoint", "weak"))
     print(row(f"under-trained + GRPO ({sums[0]['settings']['rl_steps']} steps)", "weak_rl"))
+    print(row(f"under-trained + GiGPO ({sums[0]['settings']['rl_steps']} steps)", "weak_rl_gigpo"))
+    print(row(f"under-trained + GRPO at 2× lr ({sums[0]['settings']['rl_steps']} steps)", "weak_rl_grpo_2lr"))
     keys = sorted({k for s in sums for f in s["failures"].values() for k in f})
-    stages = [st for st in ("sft", "weak", "rl") if all(st in s["failures"] for s in sums)]
+    stages = [st for st in ("sft", "weak", *(a[0] for a in ARMS.values())) if all(st in s["failures"] for s in sums)]
     print("\n| failed episodes: first turn that differs from the expert | " + " | ".join(stages) + " |")
     print("|---|" + "---|" * len(stages))
     for k in keys:
@@ -278,6 +301,8 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help=f"override a setting (JSON value), e.g. --set sft_steps=60; settings: {sorted(DEFAULTS)}")
     ap.add_argument("--table", type=Path, nargs="+", help="print finished runs side by side")
+    ap.add_argument("--arms", nargs="*", choices=sorted(ARMS), default=["grpo"],
+                    help="RL arms from the under-trained checkpoint (default: grpo); none: stop before RL")
     a = ap.parse_args()
     if a.table:
         return table(a.table)
@@ -292,8 +317,9 @@ def main() -> None:
             p[name] = json.loads(value)
         except json.JSONDecodeError:
             p[name] = value  # a bare string, e.g. --set model=/path/to/model
-    s = run(a.out, p, a.seed)
-    print(json.dumps({k: s.get(k) for k in ("base", "sft", "weak_step", "weak", "weak_rl", "seconds")}, indent=1))
+    s = run(a.out, p, a.seed, tuple(a.arms))
+    print(json.dumps({k: s.get(k) for k in ("base", "sft", "weak_step", "weak", *(a[1] for a in ARMS.values()),
+                                            "seconds")}, indent=1))
 
 
 if __name__ == "__main__":

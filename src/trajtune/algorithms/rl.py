@@ -29,7 +29,6 @@ from trajtune.algorithms.advantages import (
     is_informative,
 )
 from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
-from trajtune.algorithms.gigpo import Anchor, assign_gigpo_advantages
 from trajtune.algorithms.episode_transforms import (
     DEFAULT_TERMINATION_POLICY,
     TerminationPolicy,
@@ -38,6 +37,7 @@ from trajtune.algorithms.episode_transforms import (
     apply_termination_policy,
     mark_nonfinite_rewards,
 )
+from trajtune.algorithms.gigpo import Anchor, assign_gigpo_advantages
 from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec, assign_mc_advantages
 from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
@@ -145,9 +145,9 @@ class RLSpec(_C):
         "episode", description="episode: the episode reward's advantage on every policy token; turn: each turn's "
                                "discounted return compared across the group's turns at the same depth (per-turn "
                                "rewards from the environment); gigpo: the episode's advantage plus a step "
-                               "advantage among the group's steps from the same anchor state (GiGPO); mc_critic: turn-level GAE with Monte-Carlo state "
-                               "values from extra rollouts; gae: PPO with a learned value head and token-level "
-                               "GAE(γ, λ) (docs/algorithms.md, Turn-level credit, MC-Critic, PPO with a value head)")
+                               "advantage among the group's steps from the same anchor state (GiGPO); mc_critic: "
+                               "turn-level GAE with Monte-Carlo state values from extra rollouts; gae: PPO with a "
+                               "learned value head and token-level GAE(γ, λ) (docs/algorithms.md, Turn-level credit, MC-Critic, PPO with a value head)")
     gamma: float = Field(1.0, ge=0, le=1, description="discount γ of turn returns (with credit: turn, gigpo, "
                                                       "mc_critic or gae)")
     gigpo: GiGPOSpec | None = Field(None, description="with credit: gigpo: the step advantage's weight and the "
@@ -274,7 +274,8 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
     termination policy → overlong penalty → informative-group filter; (per batch) advantages →
     reference log-probs. ``credit`` picks the advantages: ``episode`` (group estimators), ``turn``
     (per-turn returns), ``gigpo`` (episode plus anchor-state step advantages), ``mc_critic``
-    (turn-level GAE on Monte-Carlo values), ``gae`` (token-level GAE on a value head); the dispatch is here, with the algorithm, not in the experience sources."""
+    (turn-level GAE on Monte-Carlo values), ``gae`` (token-level GAE on a value head); the dispatch
+    is here, with the algorithm, not in the experience sources."""
 
     def nonfinite(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
         tts, n = mark_nonfinite_rewards(tts)

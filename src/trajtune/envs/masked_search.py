@@ -165,8 +165,9 @@ class MaskedSearchEnv(SearchQAEnv):
         import json
 
         before, _, after = d["masked"].partition(MASK)
-        pattern = re.compile(re.escape(" ".join(before.split())) + r"\s*([A-Za-z]+)\s*" + re.escape(" ".join(after.split())))
-        query = " ".join(w for w in _WORD.findall(before + " " + after))
+        pattern = re.compile(re.escape(" ".join(before.split())) + r"\s*([A-Za-z]+)\s*"
+                             + re.escape(" ".join(after.split())))
+        query = " ".join(_WORD.findall(before + " " + after))
         hits = json.loads((yield assistant_call("search", query=query)))
         answer = next((m.group(1) for h in hits if (m := pattern.search(h["text"]))), None)
         if answer is None:  # the passage was not among the hits: search with the sentence's own words around the mask
