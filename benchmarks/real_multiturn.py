@@ -29,14 +29,20 @@ wrong state, a call where the expert answered, no final answer).
     python benchmarks/real_multiturn.py --out runs/real-home-s0 --seed 0 --arms gigpo   # GiGPO arm
     python benchmarks/real_multiturn.py --table runs/real-home-s0 runs/real-home-s1
 
+The same stages run on another environment with ``--set env=NAME --set env_kwargs=JSON`` (e.g.
+``reasoning_gym``, single-turn: ``--set max_turns=1``); its failures are then counted from the
+episodes' reward terms (``answer_failures``), or for any other environment (e.g. ``textarena``) from how
+each failed episode ended (``outcome_failures``), instead of against the home expert.
+
 Writes ``summary.json`` in the run directory; ``--table`` prints the seeds side by side and writes
-``benchmarks/results/real_multiturn.json``. A benchmark, not a test: it asserts nothing.
+``benchmarks/results/real_multiturn.json`` (another environment: ``real_ENV.json``). A benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,6 +50,8 @@ from typing import Any
 
 DEFAULTS: dict[str, Any] = {
     "model": "smollm2-135m",
+    "env": "home",
+    "env_kwargs": {},
     "n_train": 200,
     "n_test": 100,
     "sft_steps": 40,
@@ -64,19 +72,23 @@ DEFAULTS: dict[str, Any] = {
     "rl_group_size": 8,
     "rl_lr": 2e-4,
     "rl_temperature": 1.0,
+    "n_val": 0,
 }
+# settings added after runs were made with the others: an older run's settings.json is read with these
+LATER = {"env": "home", "env_kwargs": {}, "n_val": 0}
 
 
 def _eval(model: Path | str, out: Path, p: dict[str, Any], seed: int, split: str = "test",
           tasks: int | None = None) -> dict[str, Any]:
-    """Greedy success on ``home`` tasks of ``split``; a finished evaluation is read back."""
+    """Greedy success on the environment's tasks of ``split``; a finished evaluation is read back."""
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
     from trajtune.eval.store import RESULTS_FILE
 
     if (out / RESULTS_FILE).exists():
         return json.loads((out / RESULTS_FILE).read_text())["metrics"]  # type: ignore[no-any-return]
-    settings = EvalSettings(model=str(model), env="home", tasks=tasks or p["n_test"], split=split, seed=seed,
+    settings = EvalSettings(model=str(model), env=p["env"], env_kwargs=p["env_kwargs"], tasks=tasks or p["n_test"],
+                            split=split, seed=seed,
                             max_turns=p["max_turns"], max_new_tokens=p["max_new_tokens"],
                             max_length=p["max_length"], batch_size=p["eval_batch_size"])
     return run_eval(settings, out_dir=out, resume=out.exists())["metrics"]  # type: ignore[no-any-return]
@@ -104,7 +116,11 @@ ARMS: dict[str, tuple[str, str, dict[str, Any], float]] = {
     "grpo": ("rl", "weak_rl", {}, 1.0),
     "gigpo": ("rl-gigpo", "weak_rl_gigpo", {"credit": "gigpo", "gigpo": {"step_weight": 1.0}}, 1.0),
     "grpo_2lr": ("rl-grpo-2lr", "weak_rl_grpo_2lr", {}, 2.0),
+    "grpo_quarter_lr": ("rl-grpo-lr0.25", "weak_rl_grpo_lr0.25", {}, 0.25),
+    "grpo_tenth_lr": ("rl-grpo-lr0.1", "weak_rl_grpo_lr0.1", {}, 0.1),
 }
+LABELS = {"grpo": "GRPO", "gigpo": "GiGPO", "grpo_2lr": "GRPO at 2× lr", "grpo_quarter_lr": "GRPO at lr/4",
+          "grpo_tenth_lr": "GRPO at lr/10"}
 
 
 def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int, arm: str = "grpo") -> Any:
@@ -116,7 +132,8 @@ def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int, arm: str = "
     stage_dir, _, extra, lr_factor = ARMS[arm]
     return RLRunConfig.model_validate({
         "model": {"name_or_path": str(start), "dtype": "float32"},
-        "output_dir": str(out / stage_dir), "seed": seed + 1000, "env": "home", "report": False,
+        "output_dir": str(out / stage_dir), "seed": seed + 1000, "report": False,
+        "env": {"name": p["env"], "kwargs": p["env_kwargs"]},
         "rollout": {"max_turns": p["max_turns"], "max_new_tokens": p["max_new_tokens"], "max_length": p["max_length"],
                     "temperature": p["rl_temperature"], "batch_size": p["rl_tasks_per_step"] * p["rl_group_size"]},
         "rl": {"estimator": "grpo", "tasks_per_step": p["rl_tasks_per_step"], "group_size": p["rl_group_size"],
@@ -161,20 +178,24 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
 
     out.mkdir(parents=True, exist_ok=True)
     settings_file = out / "settings.json"
-    if settings_file.exists() and json.loads(settings_file.read_text()) != {**p, "seed": seed}:
+    # runs started before the env settings existed were home runs
+    # n_val only adds evaluations, so a finished run can be validated later; any other change is refused
+    if settings_file.exists() and ({**LATER, **json.loads(settings_file.read_text()), "n_val": p["n_val"]}
+                                   != {**p, "seed": seed}):
         sys.exit(f"{out} was started with other settings ({settings_file}); use another --out")
     atomic_write_text(settings_file, json.dumps({**p, "seed": seed}, indent=1))
     base = str(resolve_model(p["model"]).path)
     stage = _Stages()
     # a later invocation with other arms keeps what earlier ones measured
     prev = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-    s: dict[str, Any] = {k: v for k, v in prev.items() if k.startswith("weak_rl")}
+    s: dict[str, Any] = {k: v for k, v in prev.items() if k.startswith(("weak_rl", "val_weak_rl"))}
     s.update({"settings": p, "seed": seed})
     with stage("data"):
         data = out / "data" / "train.jsonl"
         if not data.exists():
-            env = make_env("home")
-            write_trajectories(data, [make_env("home").expert(t) for t in env.tasks("train", p["n_train"], seed=seed)])
+            env = make_env(p["env"], **p["env_kwargs"])
+            write_trajectories(data, [make_env(p["env"], **p["env_kwargs"]).expert(t)
+                                      for t in env.tasks("train", p["n_train"], seed=seed)])
     with stage("eval_base"):
         s["base"] = _eval(base, out / "eval-base", p, seed)["success"]
 
@@ -185,6 +206,15 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
                 train(cfg, resume=(out / name).exists())
         with stage(f"eval_{name}"):
             s[key] = _eval(out / name / "final", out / f"eval-{name}", p, seed)["success"]
+        validate(out / name / "final", name, key)
+
+    def validate(model: Path, name: str, key: str) -> None:
+        """With n_val: the model's success on n_val training-split tasks of seed + 500 (neither the SFT
+        tasks nor the RL tasks), which is what chooses among RL arms (never the test split)."""
+        if p["n_val"]:
+            with stage(f"val_{name}"):
+                s[f"val_{key}"] = _eval(model, out / f"val-{name}", p, seed + 500, split="train",
+                                        tasks=p["n_val"])["success"]
 
     train_then_eval("sft", "sft", run_sft, sft_config(base, out, p, seed))
     with stage("probe"):
@@ -196,10 +226,11 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
         s["weak_step"] = int(weak.name.split("-")[1])
         with stage("eval_weak"):
             s["weak"] = _eval(weak, out / "eval-weak", p, seed)["success"]
+        validate(weak, "weak", "weak")
         for arm in arms:
             stage_dir, key, _, _ = ARMS[arm]
             train_then_eval(stage_dir, key, run_rl, rl_config(weak, out, p, seed, arm))
-    s["failures"] = {name: failures(out / f"eval-{name}") for name in ("sft", "weak", *(a[0] for a in ARMS.values()))
+    s["failures"] = {name: failures(out / f"eval-{name}", p["env"]) for name in ("sft", "weak", *(a[0] for a in ARMS.values()))
                      if (out / f"eval-{name}").exists()}
     # a stage read back from an earlier invocation took ~0 s here: its earlier figures are kept; a
     # stage this invocation did not reach keeps them too
@@ -239,11 +270,16 @@ def _turn_issue(agent: dict[str, Any] | None, expert: dict[str, Any]) -> str | N
     return None
 
 
-def failures(eval_dir: Path) -> dict[str, int]:
+def failures(eval_dir: Path, env: str = "home") -> dict[str, int]:
     """Failed held-out episodes by the first assistant turn that differs from the expert's, and how
-    (``turn N: issue``); ``kind`` counts are in ``by_kind``."""
+    (``turn N: issue``); ``kind`` counts are in ``by_kind``. Another environment than ``home``: by
+    what its reward terms say (``answer_failures``)."""
     from trajtune.envs.home import HomeEnv, make_task
 
+    if env == "reasoning_gym":
+        return answer_failures(eval_dir)
+    if env != "home":
+        return outcome_failures(eval_dir)
     counts: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     for line in (eval_dir / "episodes.jsonl").read_text().splitlines():
@@ -265,6 +301,40 @@ def failures(eval_dir: Path) -> dict[str, int]:
     return {**dict(sorted(counts.items())), **{f"by_kind/{k}": v for k, v in sorted(kinds.items())}}
 
 
+def answer_failures(eval_dir: Path) -> dict[str, int]:
+    """Failed single-answer episodes (``reasoning_gym``): no answer tags, cut off at the token limit,
+    a wrong or a partly right answer (from the episode's ``answer_format`` and ``answer_score``)."""
+    counts: Counter[str] = Counter()
+    for line in (eval_dir / "episodes.jsonl").read_text().splitlines():
+        ep = json.loads(line)
+        if (ep.get("outcome") or {}).get("success"):
+            continue
+        terms = ep["metadata"].get("reward_info", {})
+        cut = (ep.get("outcome") or {}).get("termination") == "length"
+        if not terms.get("answer_format"):
+            counts["no <answer> tags" + (" (cut off at the token limit)" if cut else "")] += 1
+        else:
+            counts["partly right answer" if terms.get("answer_score", 0) > 0 else "wrong answer"] += 1
+    return dict(sorted(counts.items()))
+
+
+def outcome_failures(eval_dir: Path) -> dict[str, int]:
+    """Failed episodes of any other environment (e.g. ``textarena``): how the episode ended, and the
+    first line of the environment's last message (a game's verdict: an invalid move, out of turns)."""
+    counts: Counter[str] = Counter()
+    for line in (eval_dir / "episodes.jsonl").read_text().splitlines():
+        ep = json.loads(line)
+        if (ep.get("outcome") or {}).get("success"):
+            continue
+        why = (ep.get("outcome") or {}).get("termination") or "unknown"
+        last = ep["messages"][-1]
+        if last["role"] != "assistant" and isinstance(last.get("content"), str) and last["content"].strip():
+            said = re.sub(r"\d+", "N", last["content"].strip().splitlines()[0])[:90]  # numbers vary by game
+            why += f": {said}"
+        counts[why] += 1
+    return dict(sorted(counts.items()))
+
+
 def table(runs: list[Path]) -> None:
     sums = [json.loads((r / "summary.json").read_text()) for r in runs]
     seeds = " / ".join(str(s["seed"]) for s in sums)
@@ -272,14 +342,26 @@ def table(runs: list[Path]) -> None:
     def row(label: str, key: str) -> str:
         return f"| {label} | " + " / ".join("–" if s.get(key) is None else f"{s[key]:.0%}" for s in sums) + " |"
 
-    print(f"| held-out `home`, {sums[0]['settings']['n_test']} tasks | seeds {seeds} |\n|---|---|")
+    env = sums[0]["settings"].get("env", "home")
+    kwargs = sums[0]["settings"].get("env_kwargs") or {}
+    shown = env + (" " + json.dumps(kwargs) if kwargs else "")
+    print(f"| held-out `{shown}`, {sums[0]['settings']['n_test']} tasks | seeds {seeds} |\n|---|---|")
     print(row("base model", "base"))
     print(row(f"after LoRA SFT ({sums[0]['settings']['sft_steps']} steps)", "sft"))
     print("| under-trained checkpoint (step) | " + " / ".join(str(s["weak_step"]) for s in sums) + " |")
     print(row("under-trained checkpoint", "weak"))
-    print(row(f"under-trained + GRPO ({sums[0]['settings']['rl_steps']} steps)", "weak_rl"))
-    print(row(f"under-trained + GiGPO ({sums[0]['settings']['rl_steps']} steps)", "weak_rl_gigpo"))
-    print(row(f"under-trained + GRPO at 2× lr ({sums[0]['settings']['rl_steps']} steps)", "weak_rl_grpo_2lr"))
+    ran = [a for a in ARMS if any(s.get(ARMS[a][1]) is not None for s in sums)]
+    for a in ran:
+        print(row(f"under-trained + {LABELS[a]} ({sums[0]['settings']['rl_steps']} steps)", ARMS[a][1]))
+    if any(s.get("val_weak") is not None for s in sums):
+        n_val = sums[0]["settings"]["n_val"]
+        print(row(f"validation ({n_val} training-split tasks): under-trained", "val_weak"))
+        for a in ran:
+            print(row(f"validation: + {LABELS[a]}", f"val_{ARMS[a][1]}"))
+        picks = [max((a for a in ran if s.get(f"val_{ARMS[a][1]}") is not None),
+                     key=lambda a, s=s: s[f"val_{ARMS[a][1]}"], default=None) for s in sums]  # ties: the first
+        print("| **the RL arm chosen on validation, held out** | " + " / ".join(
+            "–" if a is None else f"**{s[ARMS[a][1]]:.0%}** ({LABELS[a]})" for a, s in zip(picks, sums)) + " |")
     keys = sorted({k for s in sums for f in s["failures"].values() for k in f})
     stages = [st for st in ("sft", "weak", *(a[0] for a in ARMS.values())) if all(st in s["failures"] for s in sums)]
     print("\n| failed episodes: first turn that differs from the expert | " + " | ".join(stages) + " |")
@@ -287,9 +369,10 @@ def table(runs: list[Path]) -> None:
     for k in keys:
         print(f"| {k} | " + " | ".join(" / ".join(str(s["failures"][st].get(k, 0)) for s in sums) for st in stages) + " |")
     for s in sums:
-        print(f"seed {s['seed']}: seconds {s['seconds']}  peak RSS MB {s['peak_rss_mb_by_stage']}  "
+        print(f"seed {s.get('seed')}: seconds {s['seconds']}  peak RSS MB {s['peak_rss_mb_by_stage']}  "
               f"probe {s['probe_train_success']}")
-    dest = Path(__file__).parent / "results" / "real_multiturn.json"
+    name = "real_multiturn" if env == "home" else f"real_{env}"  # another environment: its own file
+    dest = Path(__file__).parent / "results" / f"{name}.json"
     dest.write_text(json.dumps({str(r): s for r, s in zip(runs, sums)}, indent=1) + "\n")
     print(f"wrote {dest}")
 

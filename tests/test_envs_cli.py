@@ -86,3 +86,33 @@ def test_envs_show_lists_the_options_an_environment_takes():
         assert f"\n  {name} = {field.default!r}  (" in out
     out = CliRunner().invoke(app, ["envs", "show", "home"]).output
     assert "options (--env-arg KEY=VALUE, or env.kwargs in a config):" in out
+
+
+def test_envs_show_names_the_extra_and_the_reward_terms_an_environment_reports():
+    """The reward terms `envs show` lists are the ones a step's info really carries (reward.terms can
+    weigh them), and a plug-in on an optional extra says how to install it."""
+    from trajtune.envs import make_env
+
+    for name, kwargs in (("fncall", {"single_turn": True}), ("reasoning_gym", {})):
+        env = make_env(name, **kwargs)
+        task = env.tasks("test", 1)[0]
+        env.reset(task)
+        traj = env.expert(task)
+        r = runner.invoke(app, ["envs", "show", name])
+        assert r.exit_code == 0, r.output
+        line = next(x for x in r.output.splitlines() if x.startswith("reward terms"))
+        shown = line.split(": ", 1)[1].split("  (")[0].split(", ")
+        assert shown == list(type(env).reward_terms)
+        assert set(shown) == set(traj.metadata.get("reward_terms") or _terms_of(env, task)), name
+    r = runner.invoke(app, ["envs", "show", "reasoning_gym"])
+    assert "install: pip install 'trajtune[reasoning-gym]'" in r.output
+    r = runner.invoke(app, ["envs", "show", "home"])
+    assert "install:" not in r.output and "reward terms" not in r.output
+
+
+def _terms_of(env, task):
+    """The reward terms the environment's expert step reports in info (step the expert's first reply)."""
+    res = env.reset(task)
+    first = next(m for m in env.expert(task).messages[len(res.messages):] if m.role == "assistant")
+    env.reset(task)
+    return env.step(first).info["reward_terms"]

@@ -50,7 +50,8 @@ def show_command(
     split: Annotated[str, typer.Option(help="Split of the example task: train or test.")] = "train",
     seed: Annotated[int, typer.Option(help="Seed of the example task.")] = 0,
 ) -> None:
-    """Describe one environment: its tools (JSON Schema), an example task and the expert's solution.
+    """Describe one environment: its options, tools, reward terms, install line (plug-ins on an extra), an
+    example task and the expert's solution.
 
     Example: trajtune envs show sokoban --seed 3
     """
@@ -62,6 +63,10 @@ def show_command(
         raise UsageError(f"--split must be train or test, got {split!r}")
     typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
     typer.echo(f"max_turns: {env.max_turns}")
+    if getattr(env, "install", None):  # a plug-in on an optional extra says how to get it
+        typer.echo(f"install: {env.install}")
+    if getattr(env, "reward_terms", None):  # what reward.terms can weigh (info.NAME)
+        typer.echo("reward terms: " + ", ".join(env.reward_terms) + "  (weigh them in reward.terms as info.NAME)")
     options = _options(name)
     typer.echo("options (--env-arg KEY=VALUE, or env.kwargs in a config):" + ("" if options else " none"))
     for line in options:
@@ -105,8 +110,11 @@ def _options(name: str) -> list[str]:
     factory = list_envs().get(name)
     model = getattr(factory, "options_model", None)  # options validated by a pydantic model (e.g. fncall)
     if model is not None:
-        return [f"{k} = {f.default!r}  ({f.description})" if f.description else f"{k} = {f.default!r}"
-                for k, f in model.model_fields.items()]
+        shown = []
+        for k, f in model.model_fields.items():
+            value = f.get_default(call_default_factory=True)  # a default_factory's value, not "PydanticUndefined"
+            shown.append(f"{k} = {value!r}  ({f.description})" if f.description else f"{k} = {value!r}")
+        return shown
     try:
         params = inspect.signature(factory).parameters.values() if factory is not None else []
     except (TypeError, ValueError):  # no signature to read (a builtin)

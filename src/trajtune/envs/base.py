@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from trajtune.errors import EnvError
 from trajtune.schema import Message, ToolSpec, Trajectory
@@ -123,3 +125,17 @@ class Environment(ABC):
             if out.done or (out.termination and out.termination != "done"):
                 return messages, tools, True
         return messages, tools, False
+
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
+
+
+def parse_env_options(model: type[OptionsT], env: str, options: dict[str, Any]) -> OptionsT:
+    """Validate an environment's keyword options with its pydantic ``model``; a bad one is a one-line
+    ``EnvError`` naming the field and the known options (the keywords are not in the signature)."""
+    try:
+        return model(**options)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(x) for x in err["loc"]) or "options"
+        raise EnvError(f"{env} option {field}: {err['msg']} (known options: {', '.join(model.model_fields)})") from None

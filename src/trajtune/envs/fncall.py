@@ -46,14 +46,13 @@ from dataclasses import dataclass
 from random import Random
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trajtune.envs.base import Environment, ResetResult, StepResult, Task
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task, parse_env_options
 from trajtune.envs.fncall_gen import build_task, function_pool, join_and, snake
 from trajtune.envs.fncall_vocab import RESULT_POOLS
 from trajtune.envs.runner import run_episode
 from trajtune.envs.toolenv import make_tasks
-from trajtune.errors import EnvError
 from trajtune.envs.tools import tool_message
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
@@ -83,13 +82,7 @@ class FncallOptions(BaseModel):
 
 def parse_options(kwargs: dict[str, Any]) -> FncallOptions:
     """Validate environment kwargs; a bad one is a one-line ``EnvError`` naming the field."""
-    try:
-        return FncallOptions(**kwargs)
-    except ValidationError as e:
-        err = e.errors()[0]
-        field = ".".join(str(x) for x in err["loc"]) or "options"
-        known = ", ".join(FncallOptions.model_fields)
-        raise EnvError(f"fncall option {field}: {err['msg']} (known options: {known})") from None
+    return parse_env_options(FncallOptions, "fncall", kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +271,7 @@ class FncallEnv(Environment):
     max_turns = 3
     deterministic = True  # results are a function of the call
     options_model = FncallOptions  # `trajtune envs show` lists its fields: the keywords are not in the signature
+    reward_terms = ("call_format", "call_name", "call_required", "call_types", "call_values")
 
     def __init__(self, **options: Any) -> None:
         self.options = parse_options(options)

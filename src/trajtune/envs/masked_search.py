@@ -25,9 +25,9 @@ from collections.abc import Generator
 from importlib import resources
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from trajtune.envs.base import Task
+from trajtune.envs.base import Task, parse_env_options
 from trajtune.envs.search_qa import SearchQAEnv, make_index
 from trajtune.envs.toolenv import assistant_call, assistant_text, split_task_seed
 from trajtune.envs.tools import ToolError
@@ -109,13 +109,7 @@ class MaskedSearchEnv(SearchQAEnv):
     options_model = MaskedSearchOptions  # `trajtune envs show` lists its fields: the keywords are not in the signature
 
     def __init__(self, **options: Any) -> None:
-        try:
-            self.options = MaskedSearchOptions(**options)
-        except ValidationError as e:
-            err = e.errors()[0]
-            field = ".".join(str(x) for x in err["loc"]) or "options"
-            raise EnvError(f"masked_search option {field}: {err['msg']} (known options: "
-                           f"{', '.join(MaskedSearchOptions.model_fields)})") from None
+        self.options = parse_env_options(MaskedSearchOptions, "masked_search", options)
         passages(self.options.corpus)  # a missing or empty corpus is an error now, not at the first task
         super().__init__()
 

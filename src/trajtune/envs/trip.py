@@ -162,6 +162,7 @@ class TripEnv(ToolEnv):
     description = ("TravelPlanner-style trips under hard constraints (budget, cuisine, room rules); reward terms "
                    "schema_valid, constraints (fraction met), pass; difficulty 0-2.")
     max_turns = 6
+    reward_terms = ("schema_valid", "constraints", "pass")
     system_prompt = ("You plan trips. Search flights, hotels and restaurants with the tools, submit one plan that "
                      "meets every constraint with submit_plan, then reply with one line.")
     tool_names = ("search_flights", "search_hotels", "search_restaurants", "submit_plan")

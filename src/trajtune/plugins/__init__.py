@@ -1,6 +1,7 @@
 """Plug-ins: environments and eval suites that register from outside the generic layers.
 
-BFCL (``bfcl/``) and TextWorld (``textworld.py``) adapt other people's benchmarks to trajtune's IR.
+BFCL (``bfcl/``), TextWorld (``textworld.py``), reasoning-gym (``reasoning_gym_env.py``) and TextArena
+(``textarena_env.py``) adapt other people's benchmarks to trajtune's IR.
 They plug in exactly as a third party's package would, so ``trajtune.envs`` and ``trajtune.eval``
 name no benchmark: each plug-in is a reference ``"module:attr"`` under a name in a group,
 
@@ -40,12 +41,23 @@ BUILTIN: dict[str, dict[str, str]] = {
     ENVS: {
         "bfcl_multi_turn": "trajtune.plugins.bfcl.multi_turn:BFCLMultiTurnEnv",
         "textworld": "trajtune.plugins.textworld:TextWorldEnv",
+        "reasoning_gym": "trajtune.plugins.reasoning_gym_env:ReasoningGymEnv",
+        "textarena": "trajtune.plugins.textarena_env:TextArenaEnv",
     },
     EVAL_SUITES: {
         "bfcl": "trajtune.plugins.bfcl.suite:BFCLSuite",
         "textworld": "trajtune.plugins.textworld:TextWorldSuite",
     },
 }
+
+
+def require(module: str, error: type[Exception], what: str, install: str) -> Any:
+    """Import a plug-in's optional dependency, or raise ``error`` saying what needs it and how to
+    install it (instead of a bare ``ModuleNotFoundError`` deep in a rollout)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise error(f"{what} needs the {module} package ({e}). Install it with: {install}") from None
 
 
 def references(group: str) -> dict[str, str]:

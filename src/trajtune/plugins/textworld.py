@@ -154,6 +154,7 @@ class TextWorldEnv(Environment):
     name = "textworld"
     description = "TextWorld text adventures generated locally (seeded); reward is the game score."
     max_turns = 40
+    install = INSTALL_HINT
 
     def __init__(self, nb_rooms: int = 3, nb_objects: int = 6, quest_length: int = 4, max_steps: int = 40,
                  game_dir: str | os.PathLike[str] | None = None, backend: TextWorldBackend | None = None) -> None:
