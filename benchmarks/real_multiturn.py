@@ -74,8 +74,9 @@ DEFAULTS: dict[str, Any] = {
     "rl_temperature": 1.0,
     "n_val": 0,
 }
-# settings added after runs were made with the others: an older run's settings.json is read with these
-LATER = {"env": "home", "env_kwargs": {}, "n_val": 0}
+# settings added after runs were made with the others: an older run's settings.json is read with their
+# defaults (those runs were home runs without validation)
+LATER = {k: DEFAULTS[k] for k in ("env", "env_kwargs", "n_val")}
 
 
 def _eval(model: Path | str, out: Path, p: dict[str, Any], seed: int, split: str = "test",
@@ -178,7 +179,6 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
 
     out.mkdir(parents=True, exist_ok=True)
     settings_file = out / "settings.json"
-    # runs started before the env settings existed were home runs
     # n_val only adds evaluations, so a finished run can be validated later; any other change is refused
     if settings_file.exists() and ({**LATER, **json.loads(settings_file.read_text()), "n_val": p["n_val"]}
                                    != {**p, "seed": seed}):
@@ -270,10 +270,16 @@ def _turn_issue(agent: dict[str, Any] | None, expert: dict[str, Any]) -> str | N
     return None
 
 
+def _failed_episodes(eval_dir: Path) -> list[dict[str, Any]]:
+    """The evaluated episodes (JSON records) that did not succeed."""
+    eps = [json.loads(line) for line in (eval_dir / "episodes.jsonl").read_text().splitlines()]
+    return [ep for ep in eps if not (ep.get("outcome") or {}).get("success")]
+
+
 def failures(eval_dir: Path, env: str = "home") -> dict[str, int]:
     """Failed held-out episodes by the first assistant turn that differs from the expert's, and how
-    (``turn N: issue``); ``kind`` counts are in ``by_kind``. Another environment than ``home``: by
-    what its reward terms say (``answer_failures``)."""
+    (``turn N: issue``); ``kind`` counts are in ``by_kind``. Another environment: ``reasoning_gym`` by
+    what its reward terms say (``answer_failures``), any other by how episodes ended (``outcome_failures``)."""
     from trajtune.envs.home import HomeEnv, make_task
 
     if env == "reasoning_gym":
@@ -282,10 +288,7 @@ def failures(eval_dir: Path, env: str = "home") -> dict[str, int]:
         return outcome_failures(eval_dir)
     counts: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
-    for line in (eval_dir / "episodes.jsonl").read_text().splitlines():
-        ep = json.loads(line)
-        if (ep.get("outcome") or {}).get("success"):
-            continue
+    for ep in _failed_episodes(eval_dir):
         seed = int(ep["id"].split("-")[2])
         task = make_task(seed, "test")
         expert = [m for m in HomeEnv().expert(task).model_dump()["messages"] if m["role"] == "assistant"]
@@ -305,10 +308,7 @@ def answer_failures(eval_dir: Path) -> dict[str, int]:
     """Failed single-answer episodes (``reasoning_gym``): no answer tags, cut off at the token limit,
     a wrong or a partly right answer (from the episode's ``answer_format`` and ``answer_score``)."""
     counts: Counter[str] = Counter()
-    for line in (eval_dir / "episodes.jsonl").read_text().splitlines():
-        ep = json.loads(line)
-        if (ep.get("outcome") or {}).get("success"):
-            continue
+    for ep in _failed_episodes(eval_dir):
         terms = ep["metadata"].get("reward_info", {})
         cut = (ep.get("outcome") or {}).get("termination") == "length"
         if not terms.get("answer_format"):
@@ -322,10 +322,7 @@ def outcome_failures(eval_dir: Path) -> dict[str, int]:
     """Failed episodes of any other environment (e.g. ``textarena``): how the episode ended, and the
     first line of the environment's last message (a game's verdict: an invalid move, out of turns)."""
     counts: Counter[str] = Counter()
-    for line in (eval_dir / "episodes.jsonl").read_text().splitlines():
-        ep = json.loads(line)
-        if (ep.get("outcome") or {}).get("success"):
-            continue
+    for ep in _failed_episodes(eval_dir):
         why = (ep.get("outcome") or {}).get("termination") or "unknown"
         last = ep["messages"][-1]
         if last["role"] != "assistant" and isinstance(last.get("content"), str) and last["content"].strip():

@@ -63,10 +63,11 @@ def show_command(
         raise UsageError(f"--split must be train or test, got {split!r}")
     typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
     typer.echo(f"max_turns: {env.max_turns}")
-    if getattr(env, "install", None):  # a plug-in on an optional extra says how to get it
-        typer.echo(f"install: {env.install}")
-    if getattr(env, "reward_terms", None):  # what reward.terms can weigh (info.NAME)
-        typer.echo("reward terms: " + ", ".join(env.reward_terms) + "  (weigh them in reward.terms as info.NAME)")
+    # getattr: a duck-typed plug-in need not subclass Environment, where both are declared
+    if install := getattr(env, "install", ""):  # a plug-in on an optional extra says how to get it
+        typer.echo(f"install: {install}")
+    if terms := getattr(env, "reward_terms", ()):  # what reward.terms can weigh (info.NAME)
+        typer.echo("reward terms: " + ", ".join(terms) + "  (weigh them in reward.terms as info.NAME)")
     options = _options(name)
     typer.echo("options (--env-arg KEY=VALUE, or env.kwargs in a config):" + ("" if options else " none"))
     for line in options:

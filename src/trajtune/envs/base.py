@@ -61,6 +61,10 @@ class Environment(ABC):
     # says so: replaying a world with outside state (a live server, unseeded randomness) would
     # silently land somewhere else.
     deterministic: bool = False
+    # For `trajtune envs show`: how to install the optional package a plug-in needs ("" : none), and
+    # the names of the terms a step reports in info["reward_terms"] (reward.terms weighs them as info.NAME).
+    install: str = ""
+    reward_terms: tuple[str, ...] = ()
 
     @abstractmethod
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:

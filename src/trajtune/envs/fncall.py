@@ -80,11 +80,6 @@ class FncallOptions(BaseModel):
         return self
 
 
-def parse_options(kwargs: dict[str, Any]) -> FncallOptions:
-    """Validate environment kwargs; a bad one is a one-line ``EnvError`` naming the field."""
-    return parse_env_options(FncallOptions, "fncall", kwargs)
-
-
 # ---------------------------------------------------------------------------------------------
 # The call check
 
@@ -274,7 +269,7 @@ class FncallEnv(Environment):
     reward_terms = ("call_format", "call_name", "call_required", "call_types", "call_values")
 
     def __init__(self, **options: Any) -> None:
-        self.options = parse_options(options)
+        self.options = parse_env_options(FncallOptions, "fncall", options)
         self.task: Task | None = None
         self.verdict: Verdict | None = None
         self.answered = False

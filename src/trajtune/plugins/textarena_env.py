@@ -65,11 +65,12 @@ def _ta() -> Any:
     return require("textarena", TextArenaNotInstalledError, "the textarena environment", INSTALL_HINT)
 
 
-def _missing(e: LookupError) -> str:
+def _offline(game: str, e: LookupError) -> EnvError:
     """NLTK's multi-line "Resource 'words' not found" as one line, with the download that fixes it."""
     m = re.search(r"Resource '?([\w/.-]+)'? not found", str(e))
-    return (f"NLTK resource {m.group(1)!r} (python -m nltk.downloader {m.group(1)}, once, with network)" if m
+    what = (f"NLTK resource {m.group(1)!r} (python -m nltk.downloader {m.group(1)}, once, with network)" if m
             else f"{type(e).__name__}: {str(e).strip()[:200]}")
+    return EnvError(f"textarena game {game!r} needs data it cannot find offline: {what}")
 
 
 def new_text(seen: str, log: str) -> str:
@@ -94,7 +95,7 @@ class TextArenaGame:
             raise EnvError(f"textarena game {game!r} is not registered ({e})"
                            + (f"; did you mean {', '.join(close[:6])}?" if close else "")) from None
         except LookupError as e:  # an NLTK corpus the game loads when made, which it cannot download offline
-            raise EnvError(f"textarena game {game!r} needs data it cannot find offline: {_missing(e)}") from None
+            raise _offline(game, e) from None
         self.game = game
         self.env: Any = None
         self.seen = ""
@@ -107,7 +108,7 @@ class TextArenaGame:
             raise EnvError(f"textarena game {self.game!r} is not a one-player game ({e}); two-player games need "
                            "self-play, which trajtune does not run yet") from None
         except LookupError as e:  # an NLTK corpus the game needs and cannot download offline
-            raise EnvError(f"textarena game {self.game!r} needs data it cannot find offline: {_missing(e)}") from None
+            raise _offline(self.game, e) from None
         _, log = self.env.get_observation()
         self.seen = log
         return new_text("", log), {}

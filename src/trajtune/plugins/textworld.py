@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.errors import EnvError
 from trajtune.eval.suites import EnvEvalSuite
+from trajtune.plugins import require
 from trajtune.schema import Message, Outcome, ToolCall, ToolSpec, Trajectory
 
 INSTALL_HINT = ("pip install 'trajtune[textworld]'  (TextWorld 1.6-1.7 builds its game engine with gcc/make; "
@@ -80,12 +81,8 @@ class RealTextWorld:
     """The ``textworld`` package: its generator, its compiler and its game runner."""
 
     def __init__(self) -> None:
-        try:
-            import textworld
-            import textworld.generator  # noqa: F401
-        except ImportError as e:
-            raise TextWorldNotInstalledError(f"the TextWorld environment needs the textworld package ({e}). "
-                                             f"Install it with: {INSTALL_HINT}") from None
+        textworld = require("textworld", TextWorldNotInstalledError, "the TextWorld environment", INSTALL_HINT)
+        require("textworld.generator", TextWorldNotInstalledError, "the TextWorld environment", INSTALL_HINT)
         self._tw = textworld
         self.version = str(getattr(textworld, "__version__", "unknown"))
 
