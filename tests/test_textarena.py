@@ -1,4 +1,4 @@
-"""TextArena plug-in: real one-player games of the real package through the gym adapter."""
+"""TextArena plug-in: real one- and two-player games of the real package through the gym adapter."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ import pytest
 from trajtune.envs import make_env
 from trajtune.envs.runner import run_episode
 from trajtune.errors import EnvError
-from trajtune.plugins.textarena_env import TextArenaEnv, TextArenaNotInstalledError, new_text
+from trajtune.plugins.textarena_env import (
+    TextArenaEnv,
+    TextArenaNotInstalledError,
+    available_moves,
+    new_text,
+)
 from trajtune.schema import Message, ToolCall
 
 
@@ -81,7 +86,8 @@ def test_an_episode_through_the_runner_records_the_games_verdict():
 
 
 @pytest.mark.parametrize(("options", "says"), [
-    ({"game": "TicTacToe-v0"}, "not a one-player game"),
+    ({"game": "TicTacToe-v0"}, "needs an opponent"),
+    ({"game": "TicTacToe-v0", "seat": 2}, "option seat"),
     ({"game": "GuessTheNumbr-v0"}, "not registered"),
     ({"max_turns": 0}, "option max_turns"),
     ({"gmae": "GuessTheNumber-v0"}, "option gmae"),
@@ -93,10 +99,83 @@ def test_bad_options_are_one_clear_error(options, says):
     assert says in str(e.value)
 
 
-def test_two_player_refusal_says_self_play_is_missing():
+def test_a_two_player_game_without_an_opponent_says_how_to_give_one():
     env = TextArenaEnv(game="TicTacToe-v0")
-    with pytest.raises(EnvError, match="self-play"):
+    with pytest.raises(EnvError, match="opponent=random"):
         env.reset(env.tasks("test", 1)[0])
+
+
+def _board(text: str) -> dict[int, str]:
+    """Cell -> mark of the last board drawn in ``text``."""
+    rows = re.findall(r"^ (\S) \| (\S) \| (\S) $", text, re.M)[-3:]
+    return {i: c for i, c in enumerate(x for r in rows for x in r)}
+
+
+def test_tictactoe_against_a_random_opponent_alternates_seats_and_scores_the_agents_seat():
+    env = make_env("textarena", game="TicTacToe-v0", opponent="random")
+    first = lambda messages, tools: _say(available_moves(messages[-1].text())[0])  # noqa: E731
+    seats, results = [], []
+    for task in env.tasks("test", 6):
+        traj = run_episode(env, task, first)
+        info = env.info
+        seats.append(info["seat"])
+        assert info["seat"] == (task.seed // 2) % 2 and info["opponent"] == "random"
+        assert traj.outcome.termination == "done" and traj.reward == info["game_reward"]
+        assert traj.outcome.success == (info["game_reward"] >= 1.0)
+        results.append(info["game_reward"])
+        # seat 1 moves second: the opponent has already played when the agent first looks
+        opening = _board(traj.messages[1].text())
+        marks = sum(c in "XO" for c in opening.values())
+        assert marks == info["seat"]
+    assert set(seats) == {0, 1} and set(results) <= {-1.0, 0.0, 1.0}
+    # the same task, the same opponent moves (seeded by the task)
+    task = env.tasks("test", 1)[0]
+    run_episode(env, task, first)
+    again = list(env.gym.opponent_moves)
+    run_episode(env, task, first)
+    assert env.gym.opponent_moves == again and again
+
+
+def test_an_agent_that_always_plays_first_loses_to_nothing_against_itself():
+    # both seats play the first available move: the seat-0 player takes 0, 1, 2 (top row) and wins
+    env = make_env("textarena", game="TicTacToe-v0", opponent="first", seat=0)
+    traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: _say(available_moves(m[-1].text())[0]))
+    assert traj.outcome.success and traj.reward == 1.0
+    env = make_env("textarena", game="TicTacToe-v0", opponent="first", seat=1)
+    traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: _say(available_moves(m[-1].text())[0]))
+    assert not traj.outcome.success and traj.reward == -1.0
+
+
+def test_a_failing_opponent_is_an_env_error_and_a_listless_game_needs_a_model():
+    from test_judge import FakeJudgeServer
+
+    server = FakeJudgeServer([""])
+    try:
+        env = make_env("textarena", game="TicTacToe-v0", opponent=f"openai:{server.url}", seat=1)
+        traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: _say("[4]"))
+        assert traj.outcome.termination == "env_error" and not traj.outcome.success
+        assert "opponent openai:default answered nothing" in traj.metadata["error"]
+    finally:
+        server.close()
+    assert available_moves("Available Moves: '[0]', '[5]'\nAvailable Moves: '[5]'") == ["[5]"]
+    with pytest.raises(EnvError, match="lists its moves"):
+        from trajtune.plugins.textarena_env import Opponent
+
+        Opponent("random").move("no list here")
+
+
+def test_the_tictactoe_expert_never_loses_and_beats_a_random_opponent_mostly():
+    from trajtune.plugins.textarena_env import tictactoe_move
+
+    env = make_env("textarena", game="TicTacToe-v0", opponent="random")
+    rewards = [env.expert(t).reward for t in env.tasks("train", 20)]
+    assert min(rewards) >= 0.0 and sum(r == 1.0 for r in rewards) >= 14  # perfect play: no loss
+    # it completes a row when it can, and blocks the opponent's row otherwise (hand-built boards)
+    shown = "As Player 0, you will be 'X', while your opponent is 'O'.\n{}"
+    board = " X | X | 2 \n---+---+---\n O | O | 5 \n---+---+---\n 6 | 7 | 8 "
+    assert tictactoe_move([Message(role="user", content=shown.format(board))]) == 2
+    board = " X | 1 | 2 \n---+---+---\n O | O | 5 \n---+---+---\n X | 7 | 8 "
+    assert tictactoe_move([Message(role="user", content=shown.format(board))]) == 5
 
 
 def test_games_without_an_expert_say_so():

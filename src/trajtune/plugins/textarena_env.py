@@ -16,17 +16,27 @@ What the adapter adds for TextArena:
   give partial scores); success is a reward of 1. Why it ends is in ``info``: TextArena's
   ``reason`` and whether the last move was invalid (a game that rejects a move either asks again,
   within its own error allowance, or ends: both are the game's rule, counted, never a crash);
-- a scripted expert for the ``GuessTheNumber`` games (binary search on the game's hints), so SFT
-  data can be generated; other games have none.
+- scripted experts, so SFT data can be generated: binary search on the hints for the
+  ``GuessTheNumber`` games, perfect play by minimax for ``TicTacToe-v0``; other games have none.
 
-Two-player games are refused with a clear error: both seats need a policy, and self-play (both
-seats played by the policy being trained) is not built yet.
+Two-player games are played against a fixed opponent in the other seat (``opponent``): ``random``
+(a uniformly drawn move from the game's list of available moves, seeded by the task), ``first``
+(the first available move), ``openai:URL`` (an endpoint; ``opponent_model`` names the model) or a
+local model such as a frozen checkpoint of the policy. The agent's seat is ``seat`` (0, 1, or
+``alternate``: the seat alternates with the task seed, so evaluation sees both). The opponent reads
+its own player's view of the game, and its moves happen inside ``step``; the agent's reward is its
+seat's reward from ``close()`` (win 1, draw 0, loss -1 in the board games) and success is a win. An
+opponent that fails (raises, hangs past ``opponent_timeout_s``, answers nothing) ends the episode as
+``env_error``, never as the agent's loss. Self-play with both seats trained is not built: one
+episode trains one seat's tokens.
 """
 
 from __future__ import annotations
 
+import random
 import re
-from typing import Any
+from functools import cache
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,11 +64,18 @@ class TextArenaOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    game: str = Field("GuessTheNumber-v0", description="a one-player TextArena game id (e.g. GuessTheNumber-v0, "
-                                                       "TowerOfHanoi-v0, Minesweeper-v0)")
+    game: str = Field("GuessTheNumber-v0", description="a TextArena game id (one-player: GuessTheNumber-v0, "
+                                                       "TowerOfHanoi-v0, ...; two-player, with opponent: "
+                                                       "TicTacToe-v0, ConnectFour-v0, Nim-v0, ...)")
     max_turns: int = Field(30, ge=1, le=1000, description="agent turns before the episode is cut (max_turns)")
     instructions: bool = Field(True, description="open with a short system instruction (false: the game's own "
                                "text only)")
+    opponent: str | None = Field(None, description="two-player games: who plays the other seat (random, first, "
+                                 "openai:URL or a local model such as a frozen checkpoint); None: one-player games")
+    opponent_model: str = Field("", description="the model's name at an openai:URL opponent")
+    seat: Literal[0, 1, "alternate"] = Field("alternate", description="the agent's seat in a two-player game "
+                                             "(alternate: (task seed // 2) % 2, so both seats are played)")
+    opponent_timeout_s: float = Field(60.0, gt=0, description="seconds the opponent may take per move")
 
 
 def _ta() -> Any:
@@ -79,11 +96,58 @@ def new_text(seen: str, log: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", _ECHO.sub("", fresh)).strip()
 
 
+_MOVES = re.compile(r"Available Moves:\s*(.+)")
+
+
+def available_moves(text: str) -> list[str]:
+    """The moves the game's last "Available Moves:" line offers ('[0]', '[1]', ... -> [0], [1], ...)."""
+    found = _MOVES.findall(text)
+    return re.findall(r"'([^']+)'", found[-1]) if found else []
+
+
+class Opponent:
+    """The other seat of a two-player game (see the module docstring); ``move(view, seed)`` -> the move."""
+
+    def __init__(self, spec: str, *, model: str = "", timeout_s: float = 60.0):
+        self.spec, self.timeout_s = spec, timeout_s
+        self.writer = None
+        if spec not in ("random", "first"):
+            from trajtune.envs.adapters.simulated_user import make_user
+
+            self.writer = make_user(spec, user_model=model, max_new_tokens=32, timeout_s=timeout_s)
+        self.rng = random.Random(0)
+        self.name = spec
+
+    def start(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def move(self, view: str) -> str:
+        if self.writer is None:
+            moves = available_moves(view)
+            if not moves:
+                raise EnvError(f"opponent {self.spec!r} needs a game that lists its moves ('Available Moves: ...'); "
+                               "give a model as the opponent for this game")
+            return moves[0] if self.spec == "first" else self.rng.choice(moves)
+        from trajtune.envs.adapters.simulated_user import (
+            UserSession,
+            UserSimulatorError,
+        )
+
+        session = UserSession(self.writer, {"instructions": ""}, timeout_s=self.timeout_s, role="opponent")
+        session.messages = [Message(role="system", content=INSTRUCTIONS)]
+        session.messages.append(Message(role="user", content=view[-4000:]))
+        try:
+            return session._ask()
+        except UserSimulatorError as e:
+            raise EnvError(f"textarena: {e}") from None
+
+
 class TextArenaGame:
     """One TextArena game in gymnasium's shape: ``reset(seed) -> (obs, info)`` and ``step(action) ->
-    (obs, reward, terminated, truncated, info)``, for one player."""
+    (obs, reward, terminated, truncated, info)``, for the agent's seat (the opponent, in a two-player
+    game, moves inside ``reset`` and ``step``)."""
 
-    def __init__(self, game: str) -> None:
+    def __init__(self, game: str, opponent: Opponent | None = None, seat: int | str = 0) -> None:
         ta = _ta()
         try:
             self._make = lambda: ta.make(game)
@@ -97,31 +161,64 @@ class TextArenaGame:
         except LookupError as e:  # an NLTK corpus the game loads when made, which it cannot download offline
             raise _offline(game, e) from None
         self.game = game
+        self.opponent = opponent
+        self.seat_option = seat
+        self.seat = 0
         self.env: Any = None
         self.seen = ""
+        self.opponent_moves: list[str] = []
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.env = self._make()
+        players = 1 if self.opponent is None else 2
+        self.seat = 0 if self.opponent is None else (
+            ((seed or 0) // 2) % 2 if self.seat_option == "alternate" else int(self.seat_option))
+        self.opponent_moves = []
         try:
-            self.env.reset(num_players=1, seed=seed)
+            self.env.reset(num_players=players, seed=seed)
         except AssertionError as e:  # TextArena asserts the number of players
-            raise EnvError(f"textarena game {self.game!r} is not a one-player game ({e}); two-player games need "
-                           "self-play, which trajtune does not run yet") from None
+            hint = ("; a two-player game needs an opponent (--env-arg opponent=random, or a model)" if players == 1
+                    else "; without an opponent option it is played alone")
+            raise EnvError(f"textarena game {self.game!r} cannot be played by {players} player(s) ({e}){hint}") \
+                from None
         except LookupError as e:  # an NLTK corpus the game needs and cannot download offline
             raise _offline(self.game, e) from None
+        if self.opponent is not None:
+            self.opponent.start(seed or 0)
+            if self._opponent_plays():
+                raise EnvError(f"textarena game {self.game!r} ended before the agent's first move "
+                               f"(opponent moves {self.opponent_moves})")
         _, log = self.env.get_observation()
         self.seen = log
         return new_text("", log), {}
 
+    def _opponent_plays(self) -> bool:
+        """The opponent moves until it is the agent's turn; True when the game ended meanwhile."""
+        while True:
+            pid, view = self.env.get_observation()
+            if pid == self.seat:
+                return False
+            move = self.opponent.move(view)  # type: ignore[union-attr]
+            self.opponent_moves.append(move)
+            done, _ = self.env.step(move)
+            if done:
+                return True
+
+    def _over(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        rewards, game_info = self.env.close()
+        info = dict(game_info.get(self.seat, {}))
+        reward = float(rewards.get(self.seat, 0.0))
+        info.update({"success": reward >= 1.0, "game_reward": reward})
+        if self.opponent is not None:
+            info.update({"seat": self.seat, "opponent": self.opponent.name,
+                         "opponent_invalid_move": bool(game_info.get(1 - self.seat, {}).get("invalid_move"))})
+        reason = str(info.get("reason", "")).strip()
+        return f"[GAME] {reason or 'The game is over.'}", reward, True, False, info
+
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         done, _ = self.env.step(action)
-        if done:
-            rewards, game_info = self.env.close()
-            info = dict(game_info.get(0, {}))
-            reward = float(rewards.get(0, 0.0))
-            info.update({"success": reward >= 1.0, "game_reward": reward})
-            reason = str(info.get("reason", "")).strip()
-            return f"[GAME] {reason or 'The game is over.'}", reward, True, False, info
+        if done or (self.opponent is not None and self._opponent_plays()):
+            return self._over()
         _, log = self.env.get_observation()
         text, self.seen = new_text(self.seen, log), log
         return text, 0.0, False, False, {}
@@ -133,14 +230,17 @@ class TextArenaGame:
 class TextArenaEnv(GymTextEnv):
     """A one-player TextArena game through the gym adapter (see the module docstring)."""
 
-    description = ("TextArena's one-player text games (GuessTheNumber, TowerOfHanoi, Minesweeper, ...): move in "
-                   "text as the game asks; options game, max_turns (extra: textarena).")
+    description = ("TextArena's text games (GuessTheNumber, TowerOfHanoi, Minesweeper, ...; two-player ones such as "
+                   "TicTacToe against a fixed opponent): move in text as the game asks; options game, opponent, "
+                   "seat, max_turns (extra: textarena).")
     options_model = TextArenaOptions
     install = INSTALL_HINT
 
     def __init__(self, **options: Any) -> None:
         self.options = o = parse_env_options(TextArenaOptions, "textarena", options)
-        super().__init__(lambda: TextArenaGame(o.game), name="textarena",
+        opponent = None if o.opponent is None else Opponent(o.opponent, model=o.opponent_model,
+                                                             timeout_s=o.opponent_timeout_s)
+        super().__init__(lambda: TextArenaGame(o.game, opponent, o.seat), name="textarena",
                          instructions=INSTRUCTIONS if o.instructions else "", max_turns=o.max_turns)
         self.description = type(self).description
 
@@ -161,27 +261,66 @@ class TextArenaEnv(GymTextEnv):
                                        origin="environment")], info={"invalid_move": True})
         out = super().step(action)
         if out.done:
-            out.info = {**out.info, **{k: v for k, v in self.info.items() if k in ("success", "reason",
-                                                                                   "invalid_move", "turn_count")}}
+            out.info = {**out.info, **{k: v for k, v in self.info.items() if k in (
+                "success", "reason", "invalid_move", "turn_count", "seat", "opponent", "opponent_invalid_move")}}
         return out
 
     def success(self) -> bool:
         return bool(self.info.get("success"))
 
     def expert(self, task: Task) -> Trajectory:
-        """Binary search on the game's higher/lower hints (GuessTheNumber games only)."""
-        if not self.options.game.startswith("GuessTheNumber"):
-            raise NotImplementedError(f"textarena game {self.options.game!r} has no scripted expert "
-                                      "(GuessTheNumber games have one)")
+        """Binary search on the game's higher/lower hints (GuessTheNumber games), perfect play by minimax
+        on the board the agent was shown (TicTacToe-v0, against an opponent)."""
+        game = self.options.game
+        if not (game.startswith("GuessTheNumber") or game == "TicTacToe-v0"):
+            raise NotImplementedError(f"textarena game {game!r} has no scripted expert "
+                                      "(GuessTheNumber games and TicTacToe-v0 have one)")
         from trajtune.envs.runner import run_episode
 
         def policy(messages: list[Message], tools: list[Any]) -> Message:
+            if game == "TicTacToe-v0":
+                return Message(role="assistant", content=f"[{tictactoe_move(messages)}]")
             lo, hi = _range(messages)
             return Message(role="assistant", content=f"[{(lo + hi) // 2}]")
 
         traj = run_episode(self, task, policy)
         traj.metadata.update({"expert": True, "policy": f"expert:{self.name}", "game": self.options.game})
         return traj
+
+
+_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+def _winner(b: tuple[str, ...]) -> str | None:
+    return next((b[i] for i, j, k in _LINES if b[i] in "XO" and b[i] == b[j] == b[k]), None)
+
+
+@cache
+def _minimax(b: tuple[str, ...], me: str, turn: str) -> int:
+    """+1 if ``me`` wins with perfect play from board ``b`` with ``turn`` to move, 0 a draw, -1 a loss."""
+    w = _winner(b)
+    if w is not None:
+        return 1 if w == me else -1
+    free = [i for i, c in enumerate(b) if c not in "XO"]
+    if not free:
+        return 0
+    other = "O" if turn == "X" else "X"
+    scores = [_minimax(b[:i] + (turn,) + b[i + 1:], me, other) for i in free]
+    return max(scores) if turn == me else min(scores)
+
+
+def tictactoe_move(messages: list[Message]) -> int:
+    """The best cell for the agent on the last board it was shown (the lowest of equally good ones)."""
+    text = "\n".join(m.text() for m in messages if m.role == "user")
+    mark = re.search(r"you will be '([XO])'", text)
+    rows = re.findall(r"^ (\S) \| (\S) \| (\S) $", text, re.M)[-3:]
+    if mark is None or len(rows) != 3:
+        raise EnvError("TicTacToe expert: the game text has no mark ('you will be X') or no board")
+    me = mark.group(1)
+    board = tuple(c for r in rows for c in r)
+    other = "O" if me == "X" else "X"
+    free = [i for i, c in enumerate(board) if c not in "XO"]
+    return max(free, key=lambda i: (_minimax(board[:i] + (me,) + board[i + 1:], me, other), -i))
 
 
 def _range(messages: list[Message]) -> tuple[int, int]:
