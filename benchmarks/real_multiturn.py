@@ -31,8 +31,13 @@ wrong state, a call where the expert answered, no final answer).
 
 The same stages run on another environment with ``--set env=NAME --set env_kwargs=JSON`` (e.g.
 ``reasoning_gym``, single-turn: ``--set max_turns=1``); its failures are then counted from the
-episodes' reward terms (``answer_failures``), or for any other environment (e.g. ``textarena``) from how
-each failed episode ended (``outcome_failures``), instead of against the home expert.
+episodes' reward terms (``answer_failures``; ``tau2``: ``tau2_failures``), or for any other environment
+(e.g. ``textarena``) from how each failed episode ended (``outcome_failures``), instead of against the
+home expert. ``--arms`` with no arm stops after SFT (no probe, no under-trained checkpoint), e.g.
+
+    python benchmarks/real_multiturn.py --out runs/real-tau2-s0 --seed 0 --arms --set env='"tau2"' \
+      --set env_kwargs='{"policy": false}' --set n_train=30 --set n_test=20 --set sft_steps=15 \
+      --set save_every=5 --set max_length=7168 --set max_new_tokens=128 --set max_turns=16 --set micro_batch_size=1 --set eval_batch_size=8
 
 Writes ``summary.json`` in the run directory; ``--table`` prints the seeds side by side and writes
 ``benchmarks/results/real_multiturn.json`` (another environment: ``real_ENV.json``). A benchmark, not a test: it asserts nothing.
@@ -73,10 +78,11 @@ DEFAULTS: dict[str, Any] = {
     "rl_lr": 2e-4,
     "rl_temperature": 1.0,
     "n_val": 0,
+    "micro_batch_size": 0,
 }
 # settings added after runs were made with the others: an older run's settings.json is read with their
 # defaults (those runs were home runs without validation)
-LATER = {k: DEFAULTS[k] for k in ("env", "env_kwargs", "n_val")}
+LATER = {k: DEFAULTS[k] for k in ("env", "env_kwargs", "n_val", "micro_batch_size")}
 
 
 def _eval(model: Path | str, out: Path, p: dict[str, Any], seed: int, split: str = "test",
@@ -104,7 +110,8 @@ def sft_config(base: str, out: Path, p: dict[str, Any], seed: int) -> Any:
         "output_dir": str(out / "sft"), "seed": seed, "report": False,
         "data": {"path": str(out / "data" / "train.jsonl"), "format": "ir", "max_length": p["max_length"]},
         "train": {"steps": p["sft_steps"], "lr": p["lr"], "batch_size": p["batch_size"],
-                  "micro_batch_size": p["batch_size"], "warmup_steps": max(1, p["sft_steps"] // 10),
+                  "micro_batch_size": p["micro_batch_size"] or p["batch_size"],
+                  "warmup_steps": max(1, p["sft_steps"] // 10),
                   "save_every": p["save_every"], "keep_last": p["sft_steps"] // p["save_every"] + 1},
     })
 
@@ -217,9 +224,12 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
                                         tasks=p["n_val"])["success"]
 
     train_then_eval("sft", "sft", run_sft, sft_config(base, out, p, seed))
-    with stage("probe"):
-        weak, probed = _weak(out, p, seed)
-        s["probe_train_success"] = {str(k): v for k, v in probed.items()}
+    if not arms:  # SFT only: no under-trained checkpoint to look for
+        weak, probed = None, {}
+    else:
+        with stage("probe"):
+            weak, probed = _weak(out, p, seed)
+    s["probe_train_success"] = {str(k): v for k, v in probed.items()}
     if weak is None:
         s["weak_step"] = None
     else:
@@ -284,6 +294,8 @@ def failures(eval_dir: Path, env: str = "home") -> dict[str, int]:
 
     if env == "reasoning_gym":
         return answer_failures(eval_dir)
+    if env == "tau2":
+        return tau2_failures(eval_dir)
     if env != "home":
         return outcome_failures(eval_dir)
     counts: Counter[str] = Counter()
@@ -315,6 +327,23 @@ def answer_failures(eval_dir: Path) -> dict[str, int]:
             counts["no <answer> tags" + (" (cut off at the token limit)" if cut else "")] += 1
         else:
             counts["partly right answer" if terms.get("answer_score", 0) > 0 else "wrong answer"] += 1
+    return dict(sorted(counts.items()))
+
+
+def tau2_failures(eval_dir: Path) -> dict[str, int]:
+    """Failed τ²-bench episodes: cut off (token limit, turn limit: scored 0 whatever the database), or
+    finished with the database unlike the gold one and/or the required information unsaid (the
+    episode's ``tau2_db`` and ``tau2_communicate`` terms)."""
+    counts: Counter[str] = Counter()
+    for ep in _failed_episodes(eval_dir):
+        why = (ep.get("outcome") or {}).get("termination") or "unknown"
+        if why != "done":
+            counts[f"cut off ({why})"] += 1
+            continue
+        terms = ep["metadata"].get("reward_info", {})
+        wrong = [name for key, name in (("tau2_db", "database differs from gold"),
+                                        ("tau2_communicate", "required information not said")) if not terms.get(key)]
+        counts["finished: " + (" and ".join(wrong) or "unscored component")] += 1
     return dict(sorted(counts.items()))
 
 

@@ -93,7 +93,7 @@ def test_envs_show_names_the_extra_and_the_reward_terms_an_environment_reports()
     weigh them), and a plug-in on an optional extra says how to install it."""
     from trajtune.envs import make_env
 
-    for name, kwargs in (("fncall", {"single_turn": True}), ("reasoning_gym", {})):
+    for name, kwargs in (("fncall", {"single_turn": True}), ("reasoning_gym", {}), ("tau2", {})):
         env = make_env(name, **kwargs)
         task = env.tasks("test", 1)[0]
         env.reset(task)
@@ -106,13 +106,20 @@ def test_envs_show_names_the_extra_and_the_reward_terms_an_environment_reports()
         assert set(shown) == set(traj.metadata.get("reward_terms") or _terms_of(env, task)), name
     r = runner.invoke(app, ["envs", "show", "reasoning_gym"])
     assert "install: pip install 'trajtune[reasoning-gym]'" in r.output
+    r = runner.invoke(app, ["envs", "show", "tau2"])
+    assert "\ntasks: train 30, test 20\n" in r.output and "install: pip install 'trajtune[tau2]'" in r.output
     r = runner.invoke(app, ["envs", "show", "home"])
-    assert "install:" not in r.output and "reward terms" not in r.output
+    assert "install:" not in r.output and "reward terms" not in r.output and "\ntasks:" not in r.output
 
 
 def _terms_of(env, task):
-    """The reward terms the environment's expert step reports in info (step the expert's first reply)."""
+    """The reward terms the environment reports in info, replaying the expert's replies until a step has them
+    (the first for single-step environments, the last for a conversation such as tau2's)."""
     res = env.reset(task)
-    first = next(m for m in env.expert(task).messages[len(res.messages):] if m.role == "assistant")
+    replies = [m for m in env.expert(task).messages[len(res.messages):] if m.role == "assistant"]
     env.reset(task)
-    return env.step(first).info["reward_terms"]
+    for m in replies:
+        info = env.step(m).info
+        if "reward_terms" in info:
+            return info["reward_terms"]
+    raise AssertionError(f"no step of {env.name}'s expert reported reward terms")

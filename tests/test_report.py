@@ -213,3 +213,24 @@ def test_the_report_renders_visibly(sft_run, browser, tmp_path):
         d.save_screenshot(str(Path(keep) / "report-messages.png"))
         d.find_element(By.ID, "f-tokens").click()
         d.save_screenshot(str(Path(keep) / "report-tokens.png"))
+
+
+def test_evaluated_episodes_get_a_table_per_environment_with_their_reward_terms(tmp_path):
+    from trajtune.report import collect
+
+    def ep(env: str, success: bool, end: str, terms: dict) -> str:
+        return json.dumps({"id": "x", "messages": [{"role": "user", "content": "hi"}], "reward": float(success),
+                           "outcome": {"success": success, "termination": end},
+                           "metadata": {"env": env, "reward_info": terms}})
+
+    (tmp_path / "run.json").write_text(json.dumps({"model": "m", "env": "tau2"}))
+    (tmp_path / "results.json").write_text(json.dumps({"metrics": {"success": 0.5}}))
+    (tmp_path / "episodes.jsonl").write_text("\n".join([
+        ep("tau2", True, "done", {"tau2_db": 1.0, "tau2_communicate": 1.0}),
+        ep("tau2", False, "done", {"tau2_db": 0.0, "tau2_communicate": 1.0}),
+        ep("tau2", False, "length", {}),
+        ep("home", True, "done", {})]) + "\n")
+    tables = collect(tmp_path).tables
+    assert tables["env tau2"] == {"episodes": 3, "success": 1 / 3, "mean_reward": 1 / 3, "terminations.done": 2,
+                                  "terminations.length": 1, "term.tau2_communicate": 1.0, "term.tau2_db": 0.5}
+    assert tables["env home"]["episodes"] == 1 and tables["env home"]["success"] == 1.0

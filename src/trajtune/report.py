@@ -213,6 +213,7 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
                 data.notes.append(f"training data {p} could not be read: {e}")
         else:
             data.notes.append(f"training data {data_path} is not a local JSONL file here: no samples shown")
+    data.tables.update(env_tables(sources))
     total = sum(len(rows) for _, rows in sources)
     if not sources:
         data.notes.append("no episodes: the directory has no rollouts.jsonl, episodes.jsonl, eval/*.episodes.jsonl "
@@ -227,6 +228,37 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
     if total and not data.episodes:
         data.notes.append("episodes were found but none could be read")
     return data
+
+
+def env_tables(sources: list[tuple[str, list[dict[str, Any]]]]) -> dict[str, dict[str, Any]]:
+    """Evaluated episodes by environment (``metadata.env``): how many, success, mean reward, how they
+    ended, and the mean of each reward term the environment reports (τ²-bench's database and
+    communicate checks, reasoning-gym's answer format and score, ...), which the run's overall
+    metrics do not break down."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for name, rows in sources:
+        if name == "eval" or name.startswith("eval:"):
+            for r in rows:
+                env = (r.get("metadata") or {}).get("env")
+                if isinstance(env, str):
+                    groups.setdefault(env, []).append(r)
+    tables = {}
+    for env, rows in sorted(groups.items()):
+        row: dict[str, Any] = {"episodes": len(rows),
+                               "success": sum(bool((r.get("outcome") or {}).get("success")) for r in rows) / len(rows),
+                               "mean_reward": sum(float(r.get("reward") or 0.0) for r in rows) / len(rows)}
+        ends: dict[str, int] = {}
+        terms: dict[str, list[float]] = {}
+        for r in rows:
+            end = (r.get("outcome") or {}).get("termination") or "unknown"
+            ends[end] = ends.get(end, 0) + 1
+            for k, v in ((r.get("metadata") or {}).get("reward_info") or {}).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    terms.setdefault(k, []).append(float(v))
+        row.update({f"terminations.{k}": v for k, v in sorted(ends.items())})
+        row.update({f"term.{k}": sum(v) / len(v) for k, v in sorted(terms.items())})
+        tables[f"env {env}"] = row
+    return tables
 
 
 # -- tokens ---------------------------------------------------------------------------------------

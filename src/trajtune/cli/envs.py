@@ -63,6 +63,8 @@ def show_command(
         raise UsageError(f"--split must be train or test, got {split!r}")
     typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
     typer.echo(f"max_turns: {env.max_turns}")
+    if splits := (env.splits() if hasattr(env, "splits") else None):  # a benchmark's fixed task set
+        typer.echo("tasks: " + ", ".join(f"{k} {v}" for k, v in splits.items()))
     # getattr: a duck-typed plug-in need not subclass Environment, where both are declared
     if install := getattr(env, "install", ""):  # a plug-in on an optional extra says how to get it
         typer.echo(f"install: {install}")

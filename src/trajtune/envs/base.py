@@ -78,6 +78,11 @@ class Environment(ABC):
     def step(self, action: Message) -> StepResult:
         """Apply the assistant message (its ``tool_calls`` or final text) to the state."""
 
+    def splits(self) -> dict[str, int] | None:
+        """Task count per split, for an environment with a fixed task set (a benchmark's task file);
+        None for one that generates tasks from seeds (as many as asked for)."""
+        return None
+
     def success(self) -> bool:
         """Whether the current state satisfies the task (checked on state, not on text)."""
         return False

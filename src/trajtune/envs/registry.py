@@ -24,6 +24,7 @@ from trajtune import plugins
 from trajtune.envs.adapters.experiences import WithExperiences, load_experiences
 from trajtune.envs.adapters.feedback_slot import FeedbackSlot
 from trajtune.envs.adapters.from_config import make_from_ref
+from trajtune.envs.adapters.simulated_user import SimulatedUser, make_user
 from trajtune.envs.base import Environment
 from trajtune.envs.builtin import ADAPTERS, WORLDS
 from trajtune.errors import EnvError
@@ -109,6 +110,16 @@ def with_experiences(env: str, path: str | None = None, lessons: list[str] | Non
                            load_experiences(path, "with_experiences.path") if path is not None else lessons or [])
 
 
+def simulated_user(env: str, user: str = "scripted", user_model: str = "", timeout_s: float = 60.0,
+                   max_new_tokens: int = 120, kwargs: dict[str, Any] | None = None) -> Environment:
+    """An environment (``env``, with ``kwargs``) whose user is simulated: ``user`` is scripted, openai:URL
+    (``user_model`` names the model there) or a local model; it speaks from the request, which the agent
+    sees only through it (envs/adapters/simulated_user.py)."""
+    return SimulatedUser(make_env(env, **(kwargs or {})),
+                         make_user(user, user_model=user_model, max_new_tokens=max_new_tokens, timeout_s=timeout_s),
+                         timeout_s=timeout_s)
+
+
 _REGISTRY.update(WORLDS)
 _REGISTRY.update(ADAPTERS)
-_REGISTRY.update(feedback_slot=feedback_slot, with_experiences=with_experiences)
+_REGISTRY.update(feedback_slot=feedback_slot, with_experiences=with_experiences, simulated_user=simulated_user)

@@ -231,6 +231,11 @@ def _aggregate(stats: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]
         "mean_turns": turns / n_ep,
         "terminations": dict(sorted(terminations.items())),
     }
+    if terminations.get("env_error"):  # the environment failed (a dead server, a user simulator that broke):
+        # not the agent's failure, so success is also given over the episodes the agent could finish
+        ran = [s for s in stats if s["termination"] != "env_error"]
+        out["env_errors"] = terminations["env_error"]
+        out["success_without_env_errors"] = sum(s["success"] for s in ran) / len(ran) if ran else None
     judged = [s["judge"][0] for s in stats if s["judge"] is not None]
     if judged:
         out["judge"] = judge_summary(judged)

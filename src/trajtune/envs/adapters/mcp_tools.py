@@ -141,6 +141,11 @@ class MCPClient:
             text = json.dumps(structured, ensure_ascii=False, sort_keys=True)
         return text, bool(_field(result, "is_error", "isError", default=False))
 
+    @property
+    def running(self) -> bool:
+        """Whether the session is up (False once the server died or ``close`` was called)."""
+        return self._session is not None and self._thread.is_alive()
+
     def close(self) -> None:
         if self._loop is not None and self._stop is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._stop.set)
