@@ -7,20 +7,21 @@ import sys
 
 import pytest
 import reasoning_gym
+from turns import say
 
 from trajtune.envs import make_env
 from trajtune.errors import EnvError
 from trajtune.eval.backends import TextBackend
 from trajtune.eval.harness import EvalSettings, run_evaluation
 from trajtune.eval.store import EvalStore
-from trajtune.plugins.reasoning_gym_env import ReasoningGymEnv, ReasoningGymNotInstalledError, split_overlap
+from trajtune.plugins.reasoning_gym_env import (
+    ReasoningGymEnv,
+    ReasoningGymNotInstalledError,
+    split_overlap,
+)
 from trajtune.schema import Message, ToolCall
 
 SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-
-
-def _say(text: str) -> Message:
-    return Message(role="assistant", content=text)
 
 
 def _true_value(question: str) -> int:
@@ -71,7 +72,7 @@ def test_answers_are_scored_by_the_package_from_the_last_answer_tags():
     ]
     for text, reward, check, fmt in cases:
         env.reset(task)
-        out = env.step(_say(text))
+        out = env.step(say(text))
         assert out.done and out.reward == reward and out.info["answer_check"] == check, text
         assert out.info["reward_terms"] == {"answer_format": fmt, "answer_score": reward}
         assert env.success() is (reward == 1.0)
@@ -87,7 +88,7 @@ def test_partial_credit_is_the_packages_score_and_not_a_success():
     ds = reasoning_gym.create_dataset("basic_arithmetic", seed=task.seed, size=1, **SMALL)
     text = f"{task.data['answer']}.0"  # scored by basic_arithmetic's own rule, whatever it is
     want = float(ds.score_answer(text, ds[0]))
-    out = env.step(_say(f"<answer>{text}</answer>"))
+    out = env.step(say(f"<answer>{text}</answer>"))
     assert out.reward == want and env.success() is (want >= 1.0)
     assert out.info["answer_check"] == ("correct" if want >= 1 else "partial" if want > 0 else "wrong")
 

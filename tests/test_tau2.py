@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from turns import call, say, script
 
 from trajtune.envs import make_env
 from trajtune.envs.adapters.simulated_user import (
@@ -26,20 +27,6 @@ from trajtune.plugins.tau2.score import (
     verdict,
 )
 from trajtune.schema import Message, ToolCall
-
-
-def _say(text: str) -> Message:
-    return Message(role="assistant", content=text)
-
-
-def _call(name: str, **args) -> Message:
-    return Message(role="assistant", tool_calls=[ToolCall(id="", name=name, arguments=args)])
-
-
-def _script(*actions: Message):
-    steps = iter(actions)
-    return lambda messages, tools: next(steps, _say(STOP))
-
 
 # -- the rules, on hand-built values -------------------------------------------------------------
 
@@ -122,7 +109,7 @@ def test_the_agent_sees_neither_the_state_key_nor_the_control_tools_nor_the_scen
     assert "You do not accept JFK" in scenario and "You do not accept JFK" not in shown  # hidden from the agent
     assert "crazy half-day trip" in res.messages[-1].text() and "olivia_gonzalez_2305" in res.messages[-1].text()
     # (the scripted user opens with the reason for the call and what the user knows)
-    out = airline.step(_call("get_reservation_details", reservation_id="Z7GOZK"))
+    out = airline.step(call("get_reservation_details", reservation_id="Z7GOZK"))
     text = out.observations[0].text()
     assert json.loads(text)["reservation_id"] == "Z7GOZK"  # the tool's own result, not the server's envelope
     assert "state_key" not in text and "tau2_tool_call" not in text
@@ -141,17 +128,17 @@ def test_the_expert_passes_and_its_database_change_is_the_gold_one(airline):
 
 
 def test_doing_nothing_passes_a_refusal_task_and_fails_a_task_that_needs_a_write(airline):
-    noop = _script(_say("I am sorry, I cannot help with that."))
+    noop = script(say("I am sorry, I cannot help with that."))
     assert run_episode(airline, airline.task_by_id("0"), noop).outcome.success  # task 0: refuse; DB unchanged
-    traj = run_episode(airline, airline.task_by_id("19"), _script(_say("I am sorry, I cannot help with that.")))
+    traj = run_episode(airline, airline.task_by_id("19"), script(say("I am sorry, I cannot help with that.")))
     assert not traj.outcome.success and traj.reward == 0.0
     assert airline.result["components"]["DB"] == 0.0 and airline.result["agent_changed"] == []
 
 
 def test_a_wrong_write_fails_on_the_database_and_the_verdict_names_the_record(airline):
     other = "K67C4W"  # another reservation of the same user
-    traj = run_episode(airline, airline.task_by_id("19"), _script(_call("cancel_reservation", reservation_id=other),
-                                                                  _say("Done.")))
+    traj = run_episode(airline, airline.task_by_id("19"), script(call("cancel_reservation", reservation_id=other),
+                                                                  say("Done.")))
     assert not traj.outcome.success
     assert f"reservations/{other}" in airline.result["agent_changed"]
     assert airline.result["checks"]["ACTION"] == 0.0
@@ -159,10 +146,10 @@ def test_a_wrong_write_fails_on_the_database_and_the_verdict_names_the_record(ai
 
 def test_required_information_must_be_said(airline):
     task = airline.task_by_id("3")  # communicate_info ["4"]: the number of free suitcases
-    look = (_call("get_reservation_details", reservation_id="JMO1MG"),
-            _call("get_user_details", user_id="anya_garcia_5901"))
-    assert run_episode(airline, task, _script(*look, _say("You can bring 4 suitcases."))).outcome.success
-    traj = run_episode(airline, task, _script(*look, _say("You can bring some suitcases.")))
+    look = (call("get_reservation_details", reservation_id="JMO1MG"),
+            call("get_user_details", user_id="anya_garcia_5901"))
+    assert run_episode(airline, task, script(*look, say("You can bring 4 suitcases."))).outcome.success
+    traj = run_episode(airline, task, script(*look, say("You can bring some suitcases.")))
     assert not traj.outcome.success and airline.result["components"] == {"DB": 1.0, "COMMUNICATE": 0.0}
 
 
@@ -171,18 +158,18 @@ def test_a_state_key_the_model_writes_is_dropped_and_episodes_do_not_share_state
     task = airline.task_by_id("19")
     a.reset(task)
     b.reset(task)
-    a.step(_call("cancel_reservation", reservation_id="Z7GOZK", state_key=b.key))  # aimed at b's state
-    out = b.step(_call("get_reservation_details", reservation_id="Z7GOZK"))
+    a.step(call("cancel_reservation", reservation_id="Z7GOZK", state_key=b.key))  # aimed at b's state
+    out = b.step(call("get_reservation_details", reservation_id="Z7GOZK"))
     assert json.loads(out.observations[0].text())["status"] != "cancelled"  # b's world is untouched
     assert a.calls[-1]["arguments"] == {"reservation_id": "Z7GOZK"}
-    assert a.step(_say(STOP)).info["tau2"]["agent_changed"] == ["reservations/Z7GOZK"]
-    assert b.step(_say(STOP)).info["tau2"]["agent_changed"] == []
+    assert a.step(say(STOP)).info["tau2"]["agent_changed"] == ["reservations/Z7GOZK"]
+    assert b.step(say(STOP)).info["tau2"]["agent_changed"] == []
 
 
 def test_bad_calls_are_observations_not_crashes(airline):
     airline.reset(airline.task_by_id("19"))
-    assert "unknown tool 'fly'" in airline.step(_call("fly")).observations[0].text()
-    assert airline.step(_call("get_reservation_details", reservation_id="NOPE")).observations[0].text() \
+    assert "unknown tool 'fly'" in airline.step(call("fly")).observations[0].text()
+    assert airline.step(call("get_reservation_details", reservation_id="NOPE")).observations[0].text() \
         .startswith("Error: Reservation NOPE not found")
     bad = Message(role="assistant", tool_calls=[ToolCall(id="c", name="get_user_details", arguments=None)])
     assert "not a JSON object" in airline.step(bad).observations[0].text()
@@ -209,7 +196,7 @@ class _Failing:
 def test_a_failing_user_simulator_ends_the_episode_as_an_environment_error(kind, why):
     env = make_env("tau2", user_timeout_s=0.5)
     env.user = _Failing(kind)
-    traj = run_episode(env, env.task_by_id("19"), _script(_say("Which reservation?")))
+    traj = run_episode(env, env.task_by_id("19"), script(say("Which reservation?")))
     assert traj.outcome.termination == "env_error" and not traj.outcome.success
     assert why in env.result["user_error"]
 
@@ -220,18 +207,18 @@ def test_a_server_that_dies_between_calls_is_replaced_and_one_that_dies_in_a_cal
     env = make_env("tau2")
     task = env.task_by_id("19")
     env.reset(task)
-    env.step(_call("cancel_reservation", reservation_id="Z7GOZK"))
+    env.step(call("cancel_reservation", reservation_id="Z7GOZK"))
     env.client.close()  # the server goes away between two calls: the next call starts another one, which
-    out = env.step(_call("get_reservation_details", reservation_id="Z7GOZK"))  # reads the saved state
+    out = env.step(call("get_reservation_details", reservation_id="Z7GOZK"))  # reads the saved state
     assert json.loads(out.observations[0].text())["status"] == "cancelled"
-    assert env.step(_say(STOP)).info["success"]
+    assert env.step(say(STOP)).info["success"]
 
     def dies(name, arguments=None):
         raise MCPError("MCP call timed out after 30s")
 
     def policy(messages, tools):
         env.client.call_tool = dies  # the server stops answering in the middle of the call
-        return _call("get_reservation_details", reservation_id="Z7GOZK")
+        return call("get_reservation_details", reservation_id="Z7GOZK")
 
     [traj] = run_episodes(lambda: env, [task], policy, timeout_s=20)
     assert traj.outcome.termination == "env_error" and not traj.outcome.success
@@ -286,7 +273,7 @@ def test_an_endpoint_user_gets_the_tau2_scenario_and_the_agent_gets_only_its_wor
         assert res.messages[-1].text() == "Hi, I need to cancel a trip."
         system = server.requests[0]["messages"][0]["content"]
         assert "You do not accept JFK" in system and "Reason for call:" in system and "###STOP###" in system
-        out = env.step(_say("Which reservation would you like to cancel?"))
+        out = env.step(say("Which reservation would you like to cancel?"))
         assert out.done and out.info["tau2"]["stop"] == "###STOP###" and not out.info["success"]  # nothing cancelled
     finally:
         server.close()

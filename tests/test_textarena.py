@@ -6,6 +6,7 @@ import re
 import sys
 
 import pytest
+from turns import say
 
 from trajtune.envs import make_env
 from trajtune.envs.runner import run_episode
@@ -17,10 +18,6 @@ from trajtune.plugins.textarena_env import (
     new_text,
 )
 from trajtune.schema import Message, ToolCall
-
-
-def _say(text: str) -> Message:
-    return Message(role="assistant", content=text)
 
 
 def _target(env: TextArenaEnv) -> int:
@@ -54,12 +51,12 @@ def test_observations_are_the_new_game_text_without_the_echo_of_the_move():
     assert "between 1 and 20" in res.messages[1].text()
     target = _target(env)
     low = 1 if target > 1 else 2
-    out = env.step(_say(f"I think it is [{low}]"))
+    out = env.step(say(f"I think it is [{low}]"))
     assert not out.done and out.reward == 0.0
     text = out.observations[0].text()
     assert "[Player]" not in text and ("higher" if target > low else "lower") in text.lower()
     assert "You are playing" not in text  # the rules are not shown again
-    out = env.step(_say(f"[{target}]"))
+    out = env.step(say(f"[{target}]"))
     assert out.done and out.reward == 1.0 and env.success() and out.info["success"] is True
     assert "correct" in out.info["reason"].lower()
 
@@ -69,7 +66,7 @@ def test_rejected_moves_are_the_games_rule_and_end_as_a_counted_loss():
     env.reset(env.tasks("test", 1)[0])
     out = env.step(Message(role="assistant", tool_calls=[ToolCall(id="c0", name="guess", arguments={"n": 3})]))
     assert not out.done and "no tools" in out.observations[0].text()
-    steps = [env.step(_say("no idea")) for _ in range(5)]
+    steps = [env.step(say("no idea")) for _ in range(5)]
     ended = [s for s in steps if s.done]
     assert ended, "the game's error allowance ends the game"
     last = ended[0]
@@ -80,7 +77,7 @@ def test_rejected_moves_are_the_games_rule_and_end_as_a_counted_loss():
 def test_an_episode_through_the_runner_records_the_games_verdict():
     env = TextArenaEnv(game="TowerOfHanoi-v0", max_turns=3)
     task = env.tasks("test", 1)[0]
-    traj = run_episode(env, task, lambda messages, tools: _say("[A C]"))
+    traj = run_episode(env, task, lambda messages, tools: say("[A C]"))
     assert traj.outcome.termination in ("max_turns", "done") and not traj.outcome.success
     assert sum(m.role == "assistant" for m in traj.messages) <= 3
 
@@ -113,7 +110,7 @@ def _board(text: str) -> dict[int, str]:
 
 def test_tictactoe_against_a_random_opponent_alternates_seats_and_scores_the_agents_seat():
     env = make_env("textarena", game="TicTacToe-v0", opponent="random")
-    first = lambda messages, tools: _say(available_moves(messages[-1].text())[0])  # noqa: E731
+    first = lambda messages, tools: say(available_moves(messages[-1].text())[0])  # noqa: E731
     seats, results = [], []
     for task in env.tasks("test", 6):
         traj = run_episode(env, task, first)
@@ -139,10 +136,10 @@ def test_tictactoe_against_a_random_opponent_alternates_seats_and_scores_the_age
 def test_an_agent_that_always_plays_first_loses_to_nothing_against_itself():
     # both seats play the first available move: the seat-0 player takes 0, 1, 2 (top row) and wins
     env = make_env("textarena", game="TicTacToe-v0", opponent="first", seat=0)
-    traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: _say(available_moves(m[-1].text())[0]))
+    traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: say(available_moves(m[-1].text())[0]))
     assert traj.outcome.success and traj.reward == 1.0
     env = make_env("textarena", game="TicTacToe-v0", opponent="first", seat=1)
-    traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: _say(available_moves(m[-1].text())[0]))
+    traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: say(available_moves(m[-1].text())[0]))
     assert not traj.outcome.success and traj.reward == -1.0
 
 
@@ -152,7 +149,7 @@ def test_a_failing_opponent_is_an_env_error_and_a_listless_game_needs_a_model():
     server = FakeJudgeServer([""])
     try:
         env = make_env("textarena", game="TicTacToe-v0", opponent=f"openai:{server.url}", seat=1)
-        traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: _say("[4]"))
+        traj = run_episode(env, env.tasks("test", 1)[0], lambda m, t: say("[4]"))
         assert traj.outcome.termination == "env_error" and not traj.outcome.success
         assert "opponent openai:default answered nothing" in traj.metadata["error"]
     finally:

@@ -23,12 +23,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trajtune.chat.render import ChatRenderer
 from trajtune.envs.adapters.openai_policy import PolicyError, endpoint_policy, from_openai_message, to_openai_messages
 from trajtune.errors import ModelLoadError, UsageError, require_at_least, require_input
-from trajtune.models.loading import load_model, load_tokenizer, to_device
 from trajtune.schema import Message, Trajectory
-from trajtune.serve import ChatService
+from trajtune.serve import local_service
 
 DEFAULT_RUBRIC = """\
 You are grading one episode of an AI agent that solves a task by calling tools.
@@ -245,9 +243,7 @@ def make_judge(spec: str, *, model: str = "default", rubric: str | None = None, 
         policy = endpoint_policy(spec, model, option="--judge")
         return Judge(policy.post, name=spec, model=model, rubric=text, max_tokens=max_tokens, workers=workers)
 
-    tok = load_tokenizer(spec)
-    local = to_device(load_model(spec, trainable=False), device)
-    service = ChatService(local, tok, ChatRenderer(tok), name=spec, max_tokens=max_tokens)
+    service = local_service(spec, max_tokens=max_tokens, device=device)
     return Judge(service.complete, name=spec, model=spec, rubric=text, max_tokens=max_tokens, workers=1)
 
 

@@ -209,6 +209,17 @@ class ChatService:
             return {"policy_version": self.version, "model": self.name, "tensors": len(state)}
 
 
+def local_service(spec: str, *, max_tokens: int = 512, device: str = "auto") -> ChatService:
+    """A local model (alias, path, HF id) answered in-process as ``trajtune serve`` answers it: the
+    judge and the simulated user read their model's replies through this one path."""
+    from trajtune.chat.render import ChatRenderer
+    from trajtune.models.loading import load_model, load_tokenizer, to_device
+
+    tok = load_tokenizer(spec)
+    model = to_device(load_model(spec, trainable=False), device)
+    return ChatService(model, tok, ChatRenderer(tok), name=spec, max_tokens=max_tokens)
+
+
 def make_server(service: ChatService, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
     """An HTTP server answering ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
     (token-id prompts), ``POST /trajtune/load_weights`` and ``GET /trajtune/info`` (``port`` 0 = any free

@@ -133,11 +133,9 @@ class Opponent:
             UserSimulatorError,
         )
 
-        session = UserSession(self.writer, {"instructions": ""}, timeout_s=self.timeout_s, role="opponent")
-        session.messages = [Message(role="system", content=INSTRUCTIONS)]
-        session.messages.append(Message(role="user", content=view[-4000:]))
+        session = UserSession(self.writer, {}, timeout_s=self.timeout_s, role="opponent", system=INSTRUCTIONS)
         try:
-            return session._ask()
+            return session.reply(view[-4000:])[0]
         except UserSimulatorError as e:
             raise EnvError(f"textarena: {e}") from None
 

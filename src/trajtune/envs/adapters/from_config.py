@@ -20,10 +20,8 @@ or attribute and the import error.
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import json
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from typing import Any
 from trajtune.envs.adapters.gym_text import GymTextEnv
 from trajtune.envs.adapters.mcp_tools import MCPClient, MCPError, MCPToolsEnv
 from trajtune.envs.adapters.python_tools import PythonToolsEnv
+from trajtune.envs.adapters.server_pool import ServerPool
 from trajtune.envs.base import Environment, Task
 from trajtune.errors import EnvError
 
@@ -143,41 +142,7 @@ def gym(id: str, instructions: str = "", action_mode: str = "text", max_turns: i
         raise EnvError(f"gym {id!r}: {e}") from None
 
 
-class _ServerPool:
-    """Running MCP servers by (command, env): an episode borrows one and gives it back when its
-    environment is collected, so a run starts as many servers as episodes run at once, not one
-    per episode, and none outlives the process."""
-
-    def __init__(self) -> None:
-        self.free: dict[str, list[Any]] = {}
-        self.all: list[Any] = []
-        self.lock = threading.Lock()
-        atexit.register(self.close)
-
-    def borrow(self, key: str, start: Callable[[], Any]) -> Any:
-        with self.lock:
-            if self.free.get(key):
-                return self.free[key].pop()
-        client = start()
-        with self.lock:
-            self.all.append(client)
-        return client
-
-    def give_back(self, key: str, client: Any) -> None:
-        with self.lock:
-            self.free.setdefault(key, []).append(client)
-
-    def close(self) -> None:
-        with self.lock:
-            clients, self.all, self.free = self.all, [], {}
-        for c in clients:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - shutting down
-                pass
-
-
-_SERVERS = _ServerPool()
+_SERVERS = ServerPool()
 
 
 def mcp(command: list[str], tasks: list[dict[str, Any]] | None = None, tasks_file: str | None = None,

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from trajtune.envs.adapters.openai_policy import from_openai_message, to_openai_messages
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
 from trajtune.errors import EnvError
 from trajtune.schema import Message
@@ -107,29 +108,20 @@ class EndpointUser:
 
 
 class LocalUser:
-    """A local causal LM (registry alias or path), greedy, with its own chat template."""
-
-    _lock = threading.Lock()  # one generate at a time: episodes step in worker threads
+    """A local causal LM (registry alias or path), greedy, answered as ``trajtune serve`` would."""
 
     def __init__(self, model: str, *, max_new_tokens: int = 120):
-        from trajtune.models.loading import load_model, load_tokenizer
+        from trajtune.serve import local_service
 
-        self.model = load_model(model, trainable=False)
-        self.model.eval()
-        self.tok = load_tokenizer(model)
-        self.max_new_tokens = max_new_tokens
+        self.service = local_service(model, max_tokens=max_new_tokens)
         self.name = f"local:{model}"
 
     def __call__(self, messages: list[Message], scenario: dict[str, Any]) -> str:
-        import torch
-
-        chat = [{"role": m.role, "content": m.text()} for m in messages]
-        ids = self.tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
-                                           return_dict=True)
-        with self._lock, torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      pad_token_id=self.tok.pad_token_id)
-        return self.tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        reply = self.service.complete({"messages": to_openai_messages(messages), "temperature": 0.0})
+        msg = from_openai_message(reply["choices"][0]["message"])
+        if msg.tool_calls:
+            raise UserSimulatorError(f"user model {self.name} answered with a tool call, not a message")
+        return msg.text()
 
 
 def make_user(spec: str, *, user_model: str = "", max_new_tokens: int = 120, timeout_s: float = 60.0) -> UserModel:
@@ -167,9 +159,12 @@ class UserSession:
     timeout_s: float = 60.0
     messages: list[Message] = field(default_factory=list)
     role: str = "user simulator"  # who this writer is, in error messages (a game's opponent reuses it)
+    system: str | None = None  # the writer's instructions; default: τ²-bench's user guidelines and the scenario
 
     def __post_init__(self) -> None:
-        self.messages = [Message(role="system", content=user_system_prompt(str(self.scenario.get("instructions", ""))))]
+        system = self.system if self.system is not None else user_system_prompt(
+            str(self.scenario.get("instructions", "")))
+        self.messages = [Message(role="system", content=system)]
 
     def _ask(self) -> str:
         box: dict[str, Any] = {}

@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trajtune.envs.adapters.server_pool import ServerPool
 from trajtune.envs.adapters.simulated_user import (
     GREETING,
     STOP,
@@ -190,68 +191,43 @@ def opening(task: dict[str, Any]) -> str:
     return str(ins or "")
 
 
-class _Servers:
-    """Running servers per domain; each goes back to the pool after an episode until it has served
-    ``RECYCLE_AFTER``, then it is stopped (see the module docstring)."""
+class _StateDir:
+    """One temporary directory per process for the servers' state files, removed at exit."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.free: dict[str, list[Any]] = {}
-        self.uses: dict[int, int] = {}
-        self.live: list[Any] = []
-        self.state_dir: Path | None = None
+        self.path: Path | None = None
         atexit.register(self.close)
 
     def directory(self) -> Path:
         with self.lock:
-            if self.state_dir is None:
-                self.state_dir = Path(tempfile.mkdtemp(prefix="trajtune-tau2-"))
-            return self.state_dir
-
-    def borrow(self, domain: str, call_timeout_s: float) -> Any:
-        from trajtune.envs.adapters.mcp_tools import MCPClient, MCPError
-
-        with self.lock:
-            if self.free.get(domain):
-                return self.free[domain].pop()
-        env = {DOMAINS[domain].state_env: str(self.directory())}
-        try:
-            client = MCPClient([sys.executable, "-m", f"{DOMAINS[domain].module}.server"], env=env,
-                               call_timeout_s=call_timeout_s)
-        except MCPError as e:
-            raise EnvError(f"tau2 {domain}: {e}") from None
-        with self.lock:
-            self.live.append(client)
-        return client
-
-    def give_back(self, domain: str, client: Any) -> None:
-        with self.lock:
-            n = self.uses[id(client)] = self.uses.get(id(client), 0) + 1
-            retire = n >= RECYCLE_AFTER or not client.running
-            if not retire:
-                self.free.setdefault(domain, []).append(client)
-            elif client in self.live:
-                self.live.remove(client)
-        if retire:
-            client.close()
+            if self.path is None:
+                self.path = Path(tempfile.mkdtemp(prefix="trajtune-tau2-"))
+            return self.path
 
     def state_file(self, key: str) -> Path:
         return self.directory() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
     def close(self) -> None:
         with self.lock:
-            clients, self.live, self.free = self.live, [], {}
-            state_dir, self.state_dir = self.state_dir, None
-        for c in clients:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - shutting down
-                pass
-        if state_dir is not None:
-            shutil.rmtree(state_dir, ignore_errors=True)
+            path, self.path = self.path, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
 
-SERVERS = _Servers()
+STATE = _StateDir()
+SERVERS = ServerPool(max_uses=RECYCLE_AFTER)  # registered after STATE: at exit servers stop before it goes
+
+
+def _start_server(domain: str, call_timeout_s: float) -> Any:
+    from trajtune.envs.adapters.mcp_tools import MCPClient, MCPError
+
+    env = {DOMAINS[domain].state_env: str(STATE.directory())}
+    try:
+        return MCPClient([sys.executable, "-m", f"{DOMAINS[domain].module}.server"], env=env,
+                         call_timeout_s=call_timeout_s)
+    except MCPError as e:
+        raise EnvError(f"tau2 {domain}: {e}") from None
 _GOLD: dict[tuple[str, str], tuple[str, list[str]]] = {}  # (domain, task) -> digest of the gold delta, its records
 _GOLD_LOCK = threading.Lock()
 
@@ -315,7 +291,7 @@ class Tau2Env(Environment):
         if self.client is not None and not self.client.running:  # it died in an earlier episode
             self._release()
         if self.client is None:
-            self.client = SERVERS.borrow(self.domain, self.options.call_timeout_s)
+            self.client = SERVERS.borrow(self.domain, lambda: _start_server(self.domain, self.options.call_timeout_s))
             self.tools = [_public(t) for t in self.client.list_tools() if t.name not in CONTROL_TOOLS]
         return self.client
 
@@ -335,7 +311,7 @@ class Tau2Env(Environment):
             return (text if text.startswith("Error") or not is_error else f"Error: {text}"), is_error
 
     def _delta(self, key: str) -> dict[str, Any]:
-        path = SERVERS.state_file(key)
+        path = STATE.state_file(key)
         try:
             db = json.loads(path.read_text())["db"]
         except (OSError, ValueError, KeyError) as e:
@@ -370,7 +346,7 @@ class Tau2Env(Environment):
     def reset(self, task: Task) -> ResetResult:
         spec = self._spec(task)
         if self.key:  # an episode left unscored (cut by max_turns): drop its state file
-            SERVERS.state_file(self.key).unlink(missing_ok=True)
+            STATE.state_file(self.key).unlink(missing_ok=True)
         self.task, self.texts, self.calls, self.result, self.log = task, [], [], None, []
         self.key = f"tau2/{self.domain}/{spec['id']}/{uuid.uuid4().hex}"
         self._reset_key(str(spec["id"]), self.key)
@@ -440,7 +416,7 @@ class Tau2Env(Environment):
 
     def _drop_state(self) -> None:
         if self.key:
-            SERVERS.state_file(self.key).unlink(missing_ok=True)
+            STATE.state_file(self.key).unlink(missing_ok=True)
             self.key = ""
         self._release()
 
