@@ -11,7 +11,7 @@ import torch
 
 from gguf_fixtures import tiny_llama
 from trajtune.algorithms.batch import collate, token_logprobs
-from trajtune.generation import CachedSampler, supports
+from trajtune.generation import CachedSampler, RowCache, _prefill_groups, supports
 from trajtune.rollout import RolloutConfig, _generate
 from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
@@ -141,3 +141,55 @@ def test_a_shared_prompt_start_and_identical_prompts_are_encoded_once(tiny_model
     hook.remove()
     assert calls == [(1, 20), (4, 4)]  # the 20 shared tokens once, then the 4 distinct tails (1-4 tokens)
     assert out[4][0] == out[0][0] and [o[3].n for o in out] == [21, 22, 23, 24, 21]
+
+
+def test_prefill_passes_group_rows_of_similar_length_under_the_token_budget():
+    items = [(None, [1] * n) for n in (5, 100, 3, 60, 200, 7)]
+    # sorted by length 3, 5, 7 | 60 | 100 | 200: 3 rows x 7 = 21 fit 128; 60 x 2 = 120 would, but
+    # 4 x 60 (the 60 joining 3, 5, 7) does not; 100 x 2 and 200 do not either
+    assert _prefill_groups(items, 128) == [[2, 0, 5], [3], [1], [4]]
+    assert _prefill_groups(items, 1) == [[2], [0], [5], [3], [1], [4]]
+    assert _prefill_groups(items, 10**9) == [[2, 0, 5, 3, 1, 4]]
+    cached = RowCache([], 50)  # equal new lengths: the shorter cache first
+    assert _prefill_groups([(cached, [1, 2]), (None, [3, 4])], 100) == [[1, 0]]
+
+
+def test_the_pass_budget_is_narrow_on_a_cpu_and_wide_on_an_accelerator(tiny_model):
+    import copy
+
+    from trajtune import generation
+
+    assert CachedSampler(tiny_model, 0.0, 1.0, []).prefill_tokens == generation.PREFILL_TOKENS
+    off_cpu = copy.deepcopy(tiny_model).to("meta")  # any device but the CPU
+    assert CachedSampler(off_cpu, 0.0, 1.0, []).prefill_tokens == generation.PREFILL_TOKENS_ACCELERATOR
+    assert generation.PREFILL_TOKENS_ACCELERATOR > 32 * 835  # 32 long prompts in one pass
+
+
+def test_prefill_in_several_passes_gives_the_turns_of_one_pass(tiny_model):
+    model = _varied(tiny_model)
+    vocab = model.config.vocab_size
+    seqs = _prompts(vocab, [30, 4, 17, 9, 25], seed=3)
+    calls = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kw: calls.append(tuple(kw["input_ids"].shape)) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True)
+    one, split = CachedSampler(model, 0.0, 1.0, []), CachedSampler(model, 0.0, 1.0, [])
+    one.prefill_tokens, split.prefill_tokens = 10**9, 20
+    outs = {}
+    for name, sampler in (("one", one), ("split", split)):
+        calls.clear()
+        first = sampler.turn([(None, s) for s in seqs], [5] * 5, seed=0)
+        obs = _prompts(vocab, [3, 8, 1, 6, 2], seed=4)
+        nxt = sampler.turn([(c, [ids[-1]] + o) for (ids, _, _, c), o in zip(first, obs)], [5] * 5, seed=1)
+        outs[name] = (first, nxt, list(calls))
+    hook.remove()
+    # one pass per turn, against passes of at most 20 padded tokens: 4, 9 | 17 | 25 | 30 new tokens,
+    # then 2, 3, 4 | 7, 9 (the sampled token and an observation)
+    assert outs["one"][2] == [(5, 30), (5, 9)]
+    assert outs["split"][2] == [(2, 9), (1, 17), (1, 25), (1, 30), (3, 4), (2, 9)]
+    for turn in (0, 1):
+        for (ids, lps, ended, cache), (w_ids, w_lps, w_ended, w_cache) in zip(outs["split"][turn], outs["one"][turn]):
+            assert ids == w_ids and ended == w_ended and cache.n == w_cache.n
+            assert lps == pytest.approx(w_lps, abs=1e-4)
+            for (k, v), (wk, wv) in zip(cache.layers, w_cache.layers):
+                assert torch.allclose(k, wk, atol=1e-4) and torch.allclose(v, wv, atol=1e-4)

@@ -6,8 +6,9 @@ that has finished keeps being computed until the longest row is done. Here:
 
 - each episode owns its cache (per layer, ``[1, heads, n, dim]``, no padding inside); a turn
   encodes only the tokens added since (the last sampled token, the observation, the next
-  generation prompt), all rows in one forward pass; identical first prompts (a GRPO group) are
-  encoded once, and the prefix that first prompts share (system prompt, tools) once for all;
+  generation prompt), rows of similar length together in passes of at most ``PREFILL_TOKENS``
+  padded tokens; identical first prompts (a GRPO group) are encoded once, and the prefix that
+  first prompts share (system prompt, tools) once for all;
 - decoding runs the live rows as one batch, their caches left-aligned with padding that the
   attention mask hides and explicit position ids, so every row sees exactly its own tokens;
 - a row that ends its turn leaves the batch at once (its cache is cut out), so finished rows cost
@@ -175,6 +176,30 @@ def sampler_for(model: Any, tokenizer: Any, *, temperature: float, top_p: float,
     return None
 
 
+#: Padded new tokens one prefill pass may hold (rows x longest new segment), on a CPU. Short
+#: segments (a turn's observation after a long cache) still go many rows per pass, where batching
+#: pays; long distinct prompts go alone or in small groups of similar length
+#: (``benchmarks/prefill_speed.py``: 256 was the best of 1 to 1024 on SmolLM2-135M).
+PREFILL_TOKENS = 256
+
+#: The same on an accelerator, where a wide pass keeps the device busy. Not measured here (no GPU
+#: in the project's CI); large enough that a batch of a few dozen long prompts goes in 1-4 passes.
+PREFILL_TOKENS_ACCELERATOR = 32768
+
+
+def _prefill_groups(items: list[tuple[RowCache | None, list[int]]], budget: int) -> list[list[int]]:
+    """Indices of ``items`` in passes: sorted by new-segment length (then cache length), a pass
+    grows while rows x its longest segment stays within ``budget`` (a longer row goes alone)."""
+    order = sorted(range(len(items)), key=lambda i: (len(items[i][1]), items[i][0].n if items[i][0] else 0))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and len(items[i][1]) * (len(groups[-1]) + 1) <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 class CachedSampler:
     """Samples one assistant turn for many episodes, each continuing from its own cache."""
 
@@ -185,6 +210,7 @@ class CachedSampler:
         self.top_p = top_p
         self.stops = set(stop_ids)
         self.device = next(model.parameters()).device
+        self.prefill_tokens = PREFILL_TOKENS if self.device.type == "cpu" else PREFILL_TOKENS_ACCELERATOR
 
     # -- forward passes -----------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
@@ -194,6 +220,18 @@ class CachedSampler:
         return out.logits[:, -1, :].float()
 
     def _prefill(self, items: list[tuple[RowCache | None, list[int]]]) -> list[tuple[torch.Tensor, RowCache]]:
+        """Encode each row's new tokens after its cached ones; per row the logits for what comes next
+        and its extended cache. Rows go in passes of similar length (``_prefill_groups``): one pass
+        over distinct long prompts pads every row to the longest and runs its elementwise work and
+        masked attention over all that padding, which on a CPU made 32 function-calling prompts
+        (237 to 835 tokens) 2.7 times slower than passes of at most 256 tokens."""
+        results: list[tuple[torch.Tensor, RowCache] | None] = [None] * len(items)
+        for group in _prefill_groups(items, self.prefill_tokens):
+            for i, res in zip(group, self._prefill_pass([items[i] for i in group])):
+                results[i] = res
+        return results  # type: ignore[return-value]
+
+    def _prefill_pass(self, items: list[tuple[RowCache | None, list[int]]]) -> list[tuple[torch.Tensor, RowCache]]:
         """Encode each row's new tokens after its cached ones, all rows in one forward pass; per row
         the logits for what comes next and its extended cache.
 
@@ -202,12 +240,12 @@ class CachedSampler:
         (masked) or a pad (it comes after them), and every pad sees its row's real tokens, so no
         attention row is empty."""
         from transformers import DynamicCache
+        from transformers.cache_utils import Cache
 
         b = len(items)
         have = [row.n if row is not None else 0 for row, _ in items]
         news = [len(ids) for _, ids in items]
         width, m = max(have), max(news)
-        layers = _right_aligned([row for row, _ in items], width) if width else []
         x = torch.zeros((b, m), dtype=torch.long, device=self.device)
         mask = torch.zeros((b, width + m), dtype=torch.long, device=self.device)
         for r, (_, ids) in enumerate(items):
@@ -215,7 +253,12 @@ class CachedSampler:
             mask[r, width - have[r]:width + len(ids)] = 1
         pos = torch.tensor(have, device=self.device).unsqueeze(1) + torch.arange(m, device=self.device)
         keep = sorted({n - 1 for n in news})  # the LM head only where some row's next token is predicted
-        cache = DynamicCache(ddp_cache_data=layers) if layers else DynamicCache()
+        if width:  # the caches copied once, into buffers with room for the new tokens
+            buffer_layer = _buffer_layer_class()
+            cache = Cache(layers=[buffer_layer(k, v, width)
+                                  for k, v in _right_aligned([row for row, _ in items], width, room=m)])
+        else:
+            cache = DynamicCache()
         out = self.model(input_ids=x, position_ids=pos, attention_mask=mask, use_cache=True,
                          logits_to_keep=torch.tensor(keep, device=self.device), **{self.kw: cache})
         logits = out.logits.float()
