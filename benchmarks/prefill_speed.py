@@ -53,22 +53,36 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     obs = [torch.randint(1000, 20000, (a.obs,), generator=g).tolist() for _ in prompts]
 
-    def first_turn() -> None:
-        sampler.turn([(None, p) for p in prompts], [1] * len(prompts), 0)
+    first_rows, next_rows = [(None, p) for p in prompts], list(zip(caches, obs))
+
+    def first_turn() -> None:  # through turn(), as a real first turn, shared-prefix step included
+        sampler.turn(first_rows, [1] * len(prompts), 0)
 
     def next_turn() -> None:
         with torch.no_grad():
-            sampler._prefill(list(zip(caches, obs)))
+            sampler._prefill(next_rows)
 
+    one_pass = sampler._prefill_pass
+    n_passes = 0
+
+    def counted_pass(items: list) -> list:
+        nonlocal n_passes
+        n_passes += 1
+        return one_pass(items)
+
+    sampler._prefill_pass = counted_pass  # type: ignore[method-assign]
     cases = {"first turn": first_turn, "next turn": next_turn}
     times: dict[str, dict[int, list[float]]] = {c: {b: [] for b in a.budgets} for c in cases}
+    passes: dict[tuple[str, int], int] = {}
     for rep in range(a.repeats):
         for case, fn in cases.items():
             for b in a.budgets:
                 sampler.prefill_tokens = b or big
+                n_passes = 0
                 t0 = time.perf_counter()
                 fn()
                 times[case][b].append(time.perf_counter() - t0)
+                passes[case, b] = n_passes
     new_tokens = {"first turn": sum(map(len, prompts)), "next turn": a.obs * len(prompts)}
     mean_ctx = {"first turn": sum(map(len, prompts)) / len(prompts) / 2,
                 "next turn": sum(map(len, prompts)) / len(prompts) + a.obs / 2}
@@ -79,21 +93,16 @@ def main() -> None:
     rows = []
     for case in cases:
         for b in a.budgets:
-            if case == "first turn":
-                items: list = [(None, p) for p in prompts]
-            else:
-                items = list(zip(caches, obs))
-            passes = len(generation._prefill_groups(items, b or big))
             best, med = min(times[case][b]), statistics.median(times[case][b])
             tps = new_tokens[case] / best
             gflops = tps * model_flops_per_token(model.config, int(mean_ctx[case]), training=False) / 1e9
             row = {"case": case, "budget": b, "min_s": best, "median_s": med, "tokens_per_s": tps,
                    "gflops": gflops, "matmul_fraction": fraction(gflops * 1e9, limits, a.threads),
-                   "passes": passes, "runs": times[case][b]}
+                   "passes": passes[case, b], "runs": times[case][b]}
             rows.append(row)
             label = "all" if b == 0 else str(b)
             print(f"{case:<11} {label:>7} {best:8.2f} {med:9.2f} {tps:9.0f} {gflops:8.1f} "
-                  f"{row['matmul_fraction']:7.0%} {passes:7d}")
+                  f"{row['matmul_fraction']:7.0%} {passes[case, b]:7d}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"benchmark": "prefill_speed", "model": a.model, "threads": a.threads,
                                        "rows": a.rows, "obs": a.obs, "repeats": a.repeats,

@@ -228,6 +228,8 @@ def _start_server(domain: str, call_timeout_s: float) -> Any:
                          call_timeout_s=call_timeout_s)
     except MCPError as e:
         raise EnvError(f"tau2 {domain}: {e}") from None
+
+
 _GOLD: dict[tuple[str, str], tuple[str, list[str]]] = {}  # (domain, task) -> digest of the gold delta, its records
 _GOLD_LOCK = threading.Lock()
 
