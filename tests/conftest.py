@@ -51,3 +51,17 @@ def tiny_model(tiny_dir):
     from trajtune.models.loading import load_model
 
     return load_model(str(tiny_dir))
+
+
+@pytest.fixture()
+def turns_end(monkeypatch):
+    """The untrained tiny model seldom ends a turn by itself (a turn cut at max_new_tokens never reaches
+    the environment): its sampled turns end with a stop token in place of their last token."""
+    from trajtune.generation import CachedSampler
+
+    class Ending(CachedSampler):
+        def turn(self, rows, max_new, seed):
+            stop = min(self.stops)
+            return [(ids[:-1] + [stop], lps, True, cache) for ids, lps, _, cache in super().turn(rows, max_new, seed)]
+
+    monkeypatch.setattr("trajtune.generation.CachedSampler", Ending)

@@ -99,6 +99,13 @@ def fails_on_give_up(traj) -> float:
     return 0.5
 
 
+def reply_chars(traj) -> float:
+    """A reward plug-in: characters the assistant wrote. An untrained model's turns, all cut at
+    max_new_tokens, share their length in tokens but seldom in characters, so groups get mixed rewards
+    whatever the sampled tokens are."""
+    return float(sum(len(m.text() or "") for m in traj.messages if m.role == "assistant"))
+
+
 def mentions_done(traj) -> float:
     """A reward plug-in: 1 if the final assistant message says Done."""
     last = next((m for m in reversed(traj.messages) if m.role == "assistant"), None)

@@ -11,7 +11,7 @@ import torch
 
 from gguf_fixtures import tiny_llama
 from trajtune.algorithms.batch import collate, token_logprobs
-from trajtune.generation import CachedSampler, RowCache, _prefill_groups, supports
+from trajtune.generation import CachedSampler, RowCache, _fill_from_the_end, _inverse_cdf, _prefill_groups, supports
 from trajtune.rollout import RolloutConfig, _generate
 from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
@@ -100,6 +100,32 @@ def test_sampled_log_probs_equal_a_recompute_and_top_p_keeps_the_nucleus(tiny_mo
             p = probs[r, t]
             tok = int(b.input_ids[r, t + 1])
             assert float(p[p > p[tok]].sum()) <= 0.9 + 1e-4
+
+
+def test_one_uniform_per_row_draws_each_token_at_its_probability_and_never_a_cut_one():
+    # rows unnormalised on purpose (top-p leaves them so); the second row's cut tokens have mass 0
+    probs = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.5, 0.0, 0.25]])
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([_inverse_cdf(probs, gen) for _ in range(20000)])
+    freq0 = torch.bincount(draws[:, 0], minlength=4).double() / 20000
+    freq1 = torch.bincount(draws[:, 1], minlength=4).double() / 20000
+    # 4 standard errors of a frequency near 0.5 over 20000 draws: 0.014
+    assert torch.allclose(freq0, torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64), atol=0.014)
+    assert torch.allclose(freq1, torch.tensor([0.0, 2 / 3, 0.0, 1 / 3], dtype=torch.float64), atol=0.014)
+    assert freq1[0] == 0 and freq1[2] == 0  # exactly: a zero-mass token is never drawn
+    # the edges of the uniform: 0 draws the first token with mass, just below 1 the last one
+    cdf = probs[1:].double().cumsum(-1)
+    assert int(torch.searchsorted(cdf, torch.zeros(1, 1, dtype=torch.float64), right=True)) == 1
+    assert int(torch.searchsorted(cdf, cdf[:, -1:] * (1 - 1e-12), right=True)) == 3
+
+
+def test_rows_leaving_the_batch_are_replaced_by_rows_from_its_end():
+    # 6 rows, 1 and 4 leave: row 5 (beyond the 4 kept slots) moves into slot 1; 4's slot is dropped
+    assert _fill_from_the_end([0, 2, 3, 5], 6) == ([0, 5, 2, 3], [(1, 5)])
+    # the last rows leave: nothing moves
+    assert _fill_from_the_end([0, 1, 2], 5) == ([0, 1, 2], [])
+    # the first rows leave: the last ones fill them, in order
+    assert _fill_from_the_end([2, 3, 4], 5) == ([3, 4, 2], [(0, 3), (1, 4)])
 
 
 def test_models_with_sliding_or_hybrid_layers_fall_back_to_generate():

@@ -83,7 +83,7 @@ def test_bad_terms_are_refused_with_what_to_do():
     assert cut.trajectory.metadata["reward_terms"] == {"info.progress": 0.0}
 
 
-def test_an_rl_run_logs_every_term_and_switches_stage(tmp_path, tiny_dir):
+def test_an_rl_run_logs_every_term_and_switches_stage(tmp_path, tiny_dir, turns_end):
     from trajtune.algorithms.rl import RLRunConfig
     from trajtune.config import load_config
     from trajtune.train import run

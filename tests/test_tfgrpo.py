@@ -157,18 +157,6 @@ def stub_llm():
     srv.close()
 
 
-@pytest.fixture()
-def turns_end(monkeypatch):
-    """The untrained tiny model seldom ends a turn by itself (a turn cut at max_new_tokens never reaches
-    the environment): its sampled turns end with a stop token in place of their last token."""
-    from trajtune.generation import CachedSampler
-
-    class Ending(CachedSampler):
-        def turn(self, rows, max_new, seed):
-            stop = min(self.stops)
-            return [(ids[:-1] + [stop], lps, True, cache) for ids, lps, _, cache in super().turn(rows, max_new, seed)]
-
-    monkeypatch.setattr("trajtune.generation.CachedSampler", Ending)
 
 
 def _cfg(tiny_dir, out, llm, steps=2, extra=()):
@@ -205,7 +193,11 @@ def test_a_run_learns_lessons_keeps_the_weights_and_eval_puts_the_lessons_in_the
     out = tmp_path / "tf"
     result = run(_cfg(tiny_dir, out, f"openai:{stub_llm.url}"), quiet=True)
     steps = _jsonl(out / "metrics.jsonl")
-    assert [s["groups_kept"] for s in steps] == [2.0, 1.0]  # the seeded rollouts: mixed groups at both steps
+    rollouts = _jsonl(out / "rollouts.jsonl")
+    for s in steps:  # a group is kept when its rewards differ; the seeded rollouts have such groups at both steps
+        rewards = [r["reward"] for r in rollouts if r["step"] == s["step"]]
+        mixed = sum(len(set(rewards[g:g + 4])) > 1 for g in range(0, len(rewards), 4))
+        assert s["groups_kept"] == mixed >= 1
     assert all(s["skipped"] == 1.0 and s["llm_failures"] == 0.0 for s in steps)  # no update was made
     log = _jsonl(out / "experiences.jsonl")
     assert log[0]["experiences"] == STEP1 and log[1]["experiences"] == STEP2
@@ -215,7 +207,6 @@ def test_a_run_learns_lessons_keeps_the_weights_and_eval_puts_the_lessons_in_the
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
     # step 2's rollouts had step 1's lessons in the prompt
-    rollouts = _jsonl(out / "rollouts.jsonl")
     step2_system = next(r for r in rollouts if r["step"] == 2)["messages"][0]["content"]
     assert "1. Keep the reply short.\n2. Count the characters." in step2_system
     assert all(LESSONS_HEADER not in r["messages"][0]["content"] for r in rollouts if r["step"] == 1)

@@ -109,10 +109,14 @@ def _buffer_layer_class() -> type:
             self._views()
             return self.keys, self.values
 
-        def select(self, rows: torch.Tensor, trim: int) -> None:
-            """Keep ``rows`` and drop ``trim`` leading positions (padding all of them have)."""
-            self._k = self._k.index_select(0, rows)[:, :, trim:]
-            self._v = self._v.index_select(0, rows)[:, :, trim:]
+        def compact(self, moves: list[tuple[int, int]], rows: int, trim: int) -> None:
+            """Keep the first ``rows`` rows after copying row ``src`` into slot ``dst`` for each
+            ``(dst, src)`` of ``moves``, and drop ``trim`` leading positions (padding all of them
+            have). Only the moved rows are copied: the rest is a view of the same buffer."""
+            for dst, src in moves:
+                self._k[dst] = self._k[src]
+                self._v[dst] = self._v[src]
+            self._k, self._v = self._k[:rows, :, trim:], self._v[:rows, :, trim:]
             self.n -= trim
             self._views()
 
@@ -283,7 +287,7 @@ class CachedSampler:
             drop = (sp.cumsum(-1) - sp) > self.top_p  # keep the smallest head whose mass reaches top_p
             sp = sp.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, idx, sp)
-        tok = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(-1).to(logits.device)
+        tok = _inverse_cdf(probs, gen).to(logits.device)
         return tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
 
     @torch.no_grad()
@@ -361,14 +365,40 @@ class CachedSampler:
             if len(keep) < len(live):
                 if not keep:
                     break
-                sel = torch.tensor(keep, device=self.device)
-                live, lens = [live[b] for b in keep], [lens[b] for b in keep]
+                order, moves = _fill_from_the_end(keep, len(live))
+                live, lens = [live[b] for b in order], [lens[b] for b in order]
                 trim = mask.shape[1] - max(lens)  # padding every remaining row has
                 for lay in layers:
-                    lay.select(sel, trim)
+                    lay.compact(moves, len(order), trim)
+                sel = torch.tensor(order, device=self.device)
                 mask = mask.index_select(0, sel)[:, trim:]
                 tok = tok.index_select(0, sel)
             cur = tok
+
+
+def _fill_from_the_end(keep: list[int], n: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """When rows leave a batch of ``n``, the kept rows (``keep``, ascending) go into the first
+    ``len(keep)`` slots by moving only those beyond that into the slots the leavers freed: the new
+    order (old row per slot) and the moves ``(slot, old row)``. Copying every kept row instead (an
+    index_select of each layer's buffer) cost a whole cache copy each time a row stopped."""
+    k, kept = len(keep), set(keep)
+    free = [b for b in range(k) if b not in kept]
+    movers = [b for b in keep if b >= k]
+    order = list(range(k))
+    for slot, row in zip(free, movers):
+        order[slot] = row
+    return order, list(zip(free, movers))
+
+
+def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One draw per row from ``probs`` (rows need not sum to 1) with one uniform number per row:
+    the first token whose cumulative mass exceeds it. ``torch.multinomial`` draws an exponential
+    for every vocabulary entry instead, 8 % of a batch-32 decoding step at a 49 k vocabulary; a
+    token with zero mass (cut by top-p) is never chosen, since its cumulative mass equals its
+    predecessor's."""
+    cdf = probs.detach().cpu().double().cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=gen, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _dedupe_first_prompts(rows: list[tuple[RowCache | None, list[int]]]) -> tuple[
