@@ -156,6 +156,8 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
     run = Path(run_dir)
     if not run.is_dir():
         raise InputNotFoundError(f"{run}: no such run directory (give the output_dir of a run or an eval --out)")
+    if (run / "recipe.yaml").exists():
+        return _collect_recipe(run, max_episodes)
     if not any((run / m).exists() for m in RUN_MARKERS):  # a report would be an empty page dropped in any folder
         raise InputNotFoundError(f"{run}: not a run directory (it has none of {', '.join(RUN_MARKERS)}); give the "
                                  "output_dir of a training run, an `eval --out` directory or a demo directory")
@@ -227,6 +229,43 @@ def collect(run_dir: str | Path, *, max_episodes: int = 200) -> _Data:
                               "(--max-episodes to change)")
     if total and not data.episodes:
         data.notes.append("episodes were found but none could be read")
+    return data
+
+
+def _collect_recipe(run: Path, max_episodes: int) -> _Data:
+    """A recipe's stages on one page: one table column per stage (what recipe.json recorded and the
+    stage's own evaluation tables), the training stages' curves one after another on a shared step
+    axis, and episodes from every stage (source ``STAGE:source``)."""
+    text = (run / "recipe.yaml").read_text(encoding="utf-8")
+    recipe = yaml.safe_load(text) or {}
+    status = json.loads((run / "recipe.json").read_text()) if (run / "recipe.json").exists() else {"stages": {}}
+    data = _Data(title=run.resolve().name, kind="recipe", config=text, result=status)
+    stages = [s for s in recipe.get("stages") or [] if isinstance(s, dict) and "name" in s]
+    offset = 0
+    subs: list[tuple[str, _Data]] = []
+    for s in stages:
+        name, d = str(s["name"]), run / str(s["name"])
+        done = status.get("stages", {}).get(name)
+        row: dict[str, Any] = {"run": s.get("run"), "status": "finished" if done else "not finished"}
+        if done:
+            row.update(_flat({k: v for k, v in done.items() if k not in ("run", "model", "data", "merged")}))
+        if d.is_dir() and any((d / m).exists() for m in RUN_MARKERS):
+            sub = collect(d, max_episodes=max_episodes)
+            for table, values in sub.tables.items():
+                row.update({f"{table}/{k}": v for k, v in values.items()})
+            steps = [r["step"] for r in sub.metrics if isinstance(r.get("step"), (int, float))]
+            data.metrics += [{**r, "step": r["step"] + offset} for r in sub.metrics if "step" in r]
+            offset += int(max(steps, default=0))
+            subs.append((name, sub))
+        data.tables[name] = row
+    if offset:
+        data.notes.append("curves: the training stages one after another ("
+                          + ", ".join(n for n, sub in subs if sub.metrics) + "), steps counted across the recipe")
+    per_stage = max(1, max_episodes // max(1, len(subs)))
+    for name, sub in subs:
+        data.episodes += [{**e, "source": f"{name}:{e['source']}"} for e in _spread(sub.episodes, per_stage)]
+    if not status.get("finished"):
+        data.notes.append("the recipe has not finished: stages marked 'not finished' have no results yet")
     return data
 
 
@@ -423,7 +462,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, max_epis
     """Write the report (``RUN_DIR/report.html`` unless ``out``), atomically; returns its path."""
     run = Path(run_dir)
     data = collect(run, max_episodes=max_episodes)
-    if tokens and data.episodes:
+    if tokens and data.episodes and data.kind != "recipe":  # a recipe's stages show tokens in their own reports
         _, cfg = _read_config(run)
         if data.kind == "eval" and "model" in cfg:
             cfg = {"model": cfg["model"], "render": cfg.get("render") or {}}

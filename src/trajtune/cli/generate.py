@@ -12,8 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from trajtune.cli.eval_cmd import _env_kwargs
-from trajtune.errors import EnvError, ModelLoadError, OutputError, UsageError, require_at_least
-from trajtune.schema import AtomicJsonlWriter
+from trajtune.errors import OutputError, UsageError, require_at_least
 
 
 def generate(
@@ -65,31 +64,10 @@ def generate(
         from trajtune.envs.adapters.openai_policy import endpoint_policy
 
         teacher = endpoint_policy(policy, policy_model, temperature, option="--policy")
-    if teacher is not None:
-        # lazy: the CLI's start-up loads only the command modules, not what they run
-        from trajtune.envs.runner import run_episodes
+    # lazy: the CLI's start-up loads only the command modules, not what they run
+    from trajtune.envs.expert_data import write_expert_data
 
-        made = run_episodes(lambda: make_env(env, **kwargs), tasks, teacher)
-        errors = [t for t in made if t.outcome is not None and t.outcome.termination == "policy_error"]
-        if errors and len(errors) == len(made):
-            raise ModelLoadError(f"--policy {policy}: every episode failed: {errors[0].metadata.get('error')}")
-    kept = successes = 0
-    terminations: dict[str, int] = {}
-    with AtomicJsonlWriter(out, overwrite=overwrite) as writer:
-        for i, task in enumerate(tasks):
-            try:
-                traj = made[i] if teacher is not None else make_env(env, **kwargs).expert(task)
-            except NotImplementedError as e:
-                raise EnvError(f"environment {env!r} has no scripted expert: {e}") from None
-            ok = bool(traj.outcome and traj.outcome.success)
-            successes += ok
-            term = (traj.outcome.termination if traj.outcome else None) or "unknown"
-            terminations[term] = terminations.get(term, 0) + 1
-            if only_success and not ok:
-                continue
-            writer.write(traj)
-            kept += 1
-    terms = ", ".join(f"{k}={v}" for k, v in sorted(terminations.items()))
-    who = "teacher" if teacher is not None else "expert"
-    typer.echo(f"wrote {kept} trajectories to {out} ({successes}/{len(tasks)} {who} successes; {terms})")
+    stats = write_expert_data(env, kwargs, tasks, out, overwrite=overwrite, only_success=only_success,
+                              teacher=teacher, teacher_name=policy or "")
+    typer.echo(stats.line(out, "teacher" if teacher is not None else "expert"))
 

@@ -155,9 +155,43 @@ def demo(
              **{**common, "weak_sft_steps": weak_sft_steps, "rl_steps": rl_steps, **extra})
 
 
+def recipe(config: Annotated[Path, typer.Option("--config", "-c", help="YAML recipe: output_dir, model, stages "
+                                                "(see examples/recipe_home.yaml).")],
+           set_: Annotated[Optional[list[str]], typer.Option(
+               "--set", help="Override a top-level recipe key: --set output_dir=runs/r2 (repeatable).")] = None,
+           overwrite: OverwriteOpt = False,
+           resume: Annotated[bool, typer.Option("--resume", help="Skip the stages that finished and continue the "
+                                                "unfinished one from its latest checkpoint.")] = False,
+           check: Annotated[bool, typer.Option("--check", help="Validate every stage and print where each "
+                                                "starts from and what it makes; run nothing.")] = False,
+           quiet: QuietOpt = False) -> None:
+    """Run a multi-stage recipe: training stages (sft, rft, rl, dpo, any registered algorithm), generate,
+    eval, merge and export, each stage's model feeding the next.
+
+    Each stage writes to OUTPUT_DIR/NAME; OUTPUT_DIR/recipe.json records what each produced (model,
+    metrics, wall time, peak RSS) and OUTPUT_DIR/report.html shows every stage on one page. All
+    stages are validated before the first one runs. See docs/recipes.md.
+
+    Example: trajtune recipe --config examples/recipe_home.yaml
+
+    Example: trajtune recipe --config examples/recipe_smollm2_fncall.yaml --resume
+
+    Example: trajtune recipe --config examples/recipe_home.yaml --check
+    """
+    # lazy: imports torch, which the CLI's start-up (`trajtune --help`) must not load
+    from trajtune.recipe import describe_plan, plan_recipe, run_recipe
+
+    if check:
+        recipe_, plan, _ = plan_recipe(config, set_ or [])
+        print_result(describe_plan(recipe_, plan))
+        return
+    print_result(run_recipe(config, set_ or [], overwrite=overwrite, resume=resume, quiet=quiet))
+
+
 def register(app: typer.Typer) -> None:
     app.command("train")(train)
     app.command("sft")(sft)
     app.command("rl")(rl)
     app.command("eval")(eval_)
     app.command("demo")(demo)
+    app.command("recipe")(recipe)
