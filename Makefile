@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
-# Chromium and its driver (distribution packages) run the HTML report's browser tests; only the
-# test targets install them (as root with apt-get, when chromedriver is missing).
+# Chromium and its driver (distribution packages) run the HTML report's browser tests and the
+# MiniWoB++ environment's; only the test targets install them (as root with apt-get, when
+# chromedriver is missing).
 browser:
 	command -v chromedriver >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
 		apt-get install -y -q chromium chromium-driver || (apt-get update -q && apt-get install -y -q chromium chromium-driver)

@@ -182,6 +182,21 @@ def split_task_seed(split: str, index: int, seed: int) -> int:
     return 2 * (seed * 1_000_003 + index) + (0 if split == "train" else 1)
 
 
+def game_tasks(prefix: str, split: str, n: int, seed: int, key: str, value: str) -> list[Task]:
+    """Tasks of a third-party game or page whose own seed is the task seed; ``data[key] = value``
+    names the game, so a task of another one is refused at reset (``check_game_task``)."""
+    return [Task(id=f"{prefix}-{value}-{split}-{s}", seed=s, split=split, data={key: value})
+            for s in (split_task_seed(split, i, seed) for i in range(n))]
+
+
+def check_game_task(task: Task, key: str, value: str) -> None:
+    """A task made for another game than this environment's: an error naming both, not a silent mix."""
+    from trajtune.errors import EnvError
+
+    if task.data.get(key, value) != value:
+        raise EnvError(f"task {task.id} is a {task.data[key]!r} task, but this environment runs {value!r}")
+
+
 def make_tasks(prefix: str, split: str, n: int, seed: int, build: Callable[[random.Random], dict[str, Any]]) -> list[Task]:
     """``n`` tasks whose data ``build`` draws from a RNG seeded by the task seed (deterministic)."""
     tasks = []

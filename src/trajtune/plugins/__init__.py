@@ -1,8 +1,8 @@
 """Plug-ins: environments and eval suites that register from outside the generic layers.
 
 BFCL (``bfcl/``), TextWorld (``textworld.py``), reasoning-gym (``reasoning_gym_env.py``), TextArena
-(``textarena_env.py``), τ²-bench (``tau2/``) and GEM (``gem_env.py``) adapt other people's
-benchmarks to trajtune's IR.
+(``textarena_env.py``), τ²-bench (``tau2/``), GEM (``gem_env.py``) and MiniWoB++
+(``miniwob_env.py``) adapt other people's benchmarks to trajtune's IR.
 They plug in exactly as a third party's package would, so ``trajtune.envs`` and ``trajtune.eval``
 name no benchmark: each plug-in is a reference ``"module:attr"`` under a name in a group,
 
@@ -46,6 +46,7 @@ BUILTIN: dict[str, dict[str, str]] = {
         "textarena": "trajtune.plugins.textarena_env:TextArenaEnv",
         "tau2": "trajtune.plugins.tau2:Tau2Env",
         "gem": "trajtune.plugins.gem_env:GemEnv",
+        "miniwob": "trajtune.plugins.miniwob_env:MiniWoBEnv",
     },
     EVAL_SUITES: {
         "bfcl": "trajtune.plugins.bfcl.suite:BFCLSuite",

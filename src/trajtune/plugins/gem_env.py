@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.envs.adapters.gym_text import GymTextEnv
 from trajtune.envs.base import ResetResult, StepResult, Task, parse_env_options
-from trajtune.envs.toolenv import split_task_seed
+from trajtune.envs.toolenv import check_game_task, game_tasks
 from trajtune.errors import EnvError
 from trajtune.plugins import require
 from trajtune.schema import Message, Trajectory
@@ -146,14 +146,10 @@ class GemEnv(GymTextEnv):
         self.description = type(self).description
 
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
-        return [Task(id=f"gem-{self.options.env_id}-{split}-{s}", seed=s, split=split,
-                     data={"env_id": self.options.env_id})
-                for s in (split_task_seed(split, i, seed) for i in range(n))]
+        return game_tasks("gem", split, n, seed, "env_id", self.options.env_id)
 
     def reset(self, task: Task) -> ResetResult:
-        if task.data.get("env_id", self.options.env_id) != self.options.env_id:
-            raise EnvError(f"task {task.id} is a {task.data['env_id']!r} task, but this environment runs "
-                           f"{self.options.env_id!r}")
+        check_game_task(task, "env_id", self.options.env_id)
         return super().reset(task)
 
     def step(self, action: Message) -> StepResult:

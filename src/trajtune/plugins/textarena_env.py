@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trajtune.envs.adapters.gym_text import GymTextEnv
 from trajtune.envs.base import ResetResult, StepResult, Task, parse_env_options
-from trajtune.envs.toolenv import split_task_seed
+from trajtune.envs.toolenv import check_game_task, game_tasks
 from trajtune.errors import EnvError
 from trajtune.plugins import require
 from trajtune.schema import Message, Trajectory
@@ -243,14 +243,10 @@ class TextArenaEnv(GymTextEnv):
         self.description = type(self).description
 
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
-        return [Task(id=f"textarena-{self.options.game}-{split}-{s}", seed=s, split=split,
-                     data={"game": self.options.game})
-                for s in (split_task_seed(split, i, seed) for i in range(n))]
+        return game_tasks("textarena", split, n, seed, "game", self.options.game)
 
     def reset(self, task: Task) -> ResetResult:
-        if task.data.get("game", self.options.game) != self.options.game:
-            raise EnvError(f"task {task.id} is a {task.data['game']!r} game, but this environment plays "
-                           f"{self.options.game!r}")
+        check_game_task(task, "game", self.options.game)
         return super().reset(task)
 
     def step(self, action: Message) -> StepResult:
