@@ -236,6 +236,69 @@ def test_retail_runs_and_its_judge_only_assertions_are_reported_unscored():
     assert traj.outcome.success and env.result["unscored"] == ["NL_ASSERTION"]
 
 
+def test_nl_judge_replies_are_read_per_assertion_and_anything_else_is_an_error():
+    from trajtune.plugins.tau2.score import nl_judge_messages, parse_nl_results
+
+    asserts = ["Agent refuses the refund.", "Agent is polite."]
+    msgs = nl_judge_messages(["user: hi", "assistant: hello"], asserts)
+    assert "Grade each expected outcome individually." in msgs[0]["content"]
+    assert msgs[1]["content"] == ("conversation:\nuser: hi\nassistant: hello\n\nexpectedOutcomes:\n"
+                                  "- Agent refuses the refund.\n- Agent is polite.")
+    # matched by expectedOutcome whatever the order, in a fenced block with text around it
+    reply = ('Here: ```json\n{"results": [{"expectedOutcome": "Agent is polite.", "reasoning": "ok", '
+             '"metExpectation": true}, {"expectedOutcome": "Agent refuses the refund.", "reasoning": "no", '
+             '"metExpectation": false}]}\n```')
+    assert [(r["assertion"], r["met"]) for r in parse_nl_results(reply, asserts)] == [(asserts[0], False),
+                                                                                       (asserts[1], True)]
+    # outcomes not repeated: by position when every one is graded
+    by_pos = '{"results": [{"metExpectation": true}, {"metExpectation": true}]}'
+    assert [r["met"] for r in parse_nl_results(by_pos, asserts)] == [True, True]
+    for bad in ("all good", '{"results": [{"metExpectation": true}]}', '{"results": [{"metExpectation": "yes"},'
+                ' {"metExpectation": true}]}'):
+        with pytest.raises(ValueError):
+            parse_nl_results(bad, asserts)
+    v = verdict({"reward_basis": ["DB", "NL_ASSERTION"], "nl_assertions": asserts}, db_match=True, agent_texts=[],
+                calls=[], nl_results=parse_nl_results(reply, asserts))
+    assert v["components"]["NL_ASSERTION"] == 0.0 and v["reward"] == 0.0 and v["unscored"] == []
+
+
+@pytest.mark.parametrize("reply, reward, unscored", [
+    ("all", 1.0, []),  # every assertion met
+    ("one", 0.0, []),  # the first one not met
+    ("garbage", 1.0, ["NL_ASSERTION"]),  # unreadable: unscored, the error recorded, the run goes on
+])
+def test_an_nl_judge_grades_retail_assertions_from_the_conversation(reply, reward, unscored):
+    from test_judge import FakeJudgeServer
+
+    def answer(body):
+        text = body["messages"][-1]["content"]
+        outcomes = [line[2:] for line in text.split("expectedOutcomes:\n")[1].splitlines()]
+        if reply == "garbage":
+            return "I think the agent did fine."
+        return json.dumps({"results": [{"expectedOutcome": o, "reasoning": "r",
+                                        "metExpectation": not (reply == "one" and i == 0)}
+                                       for i, o in enumerate(outcomes)]})
+
+    srv = FakeJudgeServer(answer)
+    try:
+        env = make_env("tau2", domain="retail", nl_judge=f"openai:{srv.url}", nl_judge_model="judge-1")
+        task = next(t for t in env.tasks("train", 74) if env.by_id[t.data["task_id"]]["evaluation_criteria"]
+                    .get("nl_assertions"))
+        traj = env.expert(task)
+    finally:
+        srv.close()
+    body = srv.requests[-1]
+    assert body["model"] == "judge-1" and body["temperature"] == 0.0
+    conversation = body["messages"][1]["content"]
+    first_user = next(m.text() for m in traj.messages if m.role == "user")
+    assert f"user: {first_user}" in conversation and "assistant: " in conversation and "tool: " in conversation
+    assert traj.reward == reward and env.result["unscored"] == unscored
+    if reply == "garbage":
+        assert "no JSON object" in env.result["nl_judge_error"]
+    else:
+        assert [r["met"] for r in env.result["nl_assertions"]][0] is (reply == "all")
+
+
 def test_the_package_missing_is_refused_with_the_pip_line(monkeypatch):
     from trajtune.plugins.tau2 import env as tau2_env
 

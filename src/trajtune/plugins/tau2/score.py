@@ -11,8 +11,12 @@ hand-built values without a server.
   (lower-cased, the agent's commas removed: τ²-bench's rule).
 - **ACTION**: each gold action matches some tool call of the agent: same name, and equal values on
   ``compare_args`` (all of the call's arguments when ``compare_args`` is null; none when empty).
-- **NL_ASSERTION** needs a language-model judge; without one, a task that has assertions leaves
-  that component unscored (``None``) and the verdict says so. A task without assertions scores 1.
+- **NL_ASSERTION** needs a language-model judge (the ``nl_judge`` option): it reads the conversation
+  and the task's assertions with τ²-bench's prompt (``nl_judge_messages``) and answers each with
+  ``metExpectation``; the component is 1 when every assertion is met. Without a judge, or when the
+  judge fails or answers something unreadable, a task that has assertions leaves that component
+  unscored (``None``) and the verdict says so (with the judge's error). A task without assertions
+  scores 1.
 
 The reward is the product of the components in the task's ``reward_basis`` (default DB and
 COMMUNICATE); success is a reward of 1. An episode that did not end by the user or the agent
@@ -72,8 +76,72 @@ def action_checks(gold_actions: list[dict[str, Any]], calls: list[dict[str, Any]
             for a in gold_actions]
 
 
+#: τ²-bench's instruction to the judge of natural-language assertions (evaluator_nl_assertions.py).
+NL_JUDGE_SYSTEM = """TASK
+- You will be given a list of expected outcomes and a conversation that was collected during a test case run.
+- The conversation is between an agent and a customer.
+- Your job is to evaluate whether the agent satisfies each of the expected outcomes.
+- Grade each expected outcome individually.
+
+FORMAT
+- Your response should be a JSON object with the following fields:
+- `reasoning`: a short explanation for your classification
+- `metExpectation`: `true` if the agent satisfies the expected outcomes, `false` otherwise
+- `expectedOutcome`: repeat the expectation from the input that you are grading
+
+Example response structure:
+{
+    "results": [
+        {
+            "expectedOutcome": "<one of the expected outcomes from the input>",
+            "reasoning": "<reasoning trace>",
+            "metExpectation": <false or true>
+        }
+    ]
+}"""
+
+
+def nl_judge_messages(transcript: list[str], assertions: list[str]) -> list[dict[str, str]]:
+    """The judge's request (OpenAI chat messages): the instruction, then the conversation and the
+    expected outcomes, as τ²-bench writes them."""
+    outcomes = "\n".join(f"- {a}" for a in assertions)
+    conversation = "\n".join(transcript)
+    return [{"role": "system", "content": NL_JUDGE_SYSTEM},
+            {"role": "user", "content": f"conversation:\n{conversation}\n\nexpectedOutcomes:\n{outcomes}"}]
+
+
+def parse_nl_results(text: str, assertions: list[str]) -> list[dict[str, Any]]:
+    """One ``{"assertion", "met", "reasoning"}`` per assertion from the judge's reply; ValueError when
+    the reply has no ``results`` list with a boolean ``metExpectation`` for every assertion (matched
+    by ``expectedOutcome``, else by position)."""
+    dec = json.JSONDecoder()
+    found = None
+    i = text.find("{")
+    while i >= 0 and found is None:
+        try:
+            obj, end = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("results"), list):
+            found = obj["results"]
+        i = text.find("{", end)
+    if found is None:
+        raise ValueError(f"no JSON object with a results list in the judge's reply: {text[:120]!r}")
+    items = [r for r in found if isinstance(r, dict) and isinstance(r.get("metExpectation"), bool)]
+    by_text = {str(r.get("expectedOutcome", "")).strip(): r for r in items}
+    out = []
+    for k, a in enumerate(assertions):
+        r = by_text.get(a.strip()) or (items[k] if len(items) == len(assertions) else None)
+        if r is None:
+            raise ValueError(f"the judge's reply grades {len(items)} of {len(assertions)} expected outcomes "
+                             f"(none for {a[:80]!r})")
+        out.append({"assertion": a, "met": r["metExpectation"], "reasoning": str(r.get("reasoning", ""))[:500]})
+    return out
+
+
 def verdict(criteria: dict[str, Any] | None, *, db_match: bool, agent_texts: list[str],
-            calls: list[dict[str, Any]]) -> dict[str, Any]:
+            calls: list[dict[str, Any]], nl_results: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The reward, its components and their evidence (``info["tau2"]``)."""
     if not criteria:
         return {"reward": 1.0, "basis": [], "components": {}, "checks": {}, "unscored": [], "communicate": [],
@@ -86,7 +154,9 @@ def verdict(criteria: dict[str, Any] | None, *, db_match: bool, agent_texts: lis
         "DB": 1.0 if db_match else 0.0,
         "COMMUNICATE": 1.0 if all(c["met"] for c in comm) else 0.0,
         "ACTION": 1.0 if all(a["met"] for a in acts) else 0.0,
-        "NL_ASSERTION": None if nl else 1.0,  # a judge would score them; none is run
+        # scored only by a judge's answers (nl_results); without them, unscored rather than guessed
+        "NL_ASSERTION": (1.0 if all(r["met"] for r in nl_results) else 0.0) if nl and nl_results is not None
+        else (None if nl else 1.0),
         "ENV_ASSERTION": None if criteria.get("env_assertions") else 1.0,
     }
     reward = 1.0
@@ -98,4 +168,5 @@ def verdict(criteria: dict[str, Any] | None, *, db_match: bool, agent_texts: lis
         else:
             reward *= value
     return {"reward": reward, "basis": basis, "components": {b: components.get(b) for b in basis},
-            "checks": components, "unscored": unscored, "communicate": comm, "actions": acts}
+            "checks": components, "unscored": unscored, "communicate": comm, "actions": acts,
+            "nl_assertions": nl_results if nl_results is not None else [{"assertion": a, "met": None} for a in nl]}
