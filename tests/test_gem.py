@@ -9,8 +9,8 @@ import threading
 import pytest
 from turns import call, say
 
-pytest.importorskip("gem", reason="the gem extra is not installed (pip install 'trajtune[gem]' && "
-                                  "pip install --no-deps gem-llm==0.1.0; make test installs both)")
+pytest.importorskip("gem", reason="gem-llm is not installed (pip install --no-deps gem-llm==0.1.0 and its "
+                                  "dependencies, docs/envs.md; make test installs them)")
 
 from trajtune.envs import make_env  # noqa: E402
 from trajtune.errors import EnvError  # noqa: E402

@@ -46,8 +46,9 @@ from trajtune.errors import EnvError
 from trajtune.plugins import require
 from trajtune.schema import Message, Trajectory
 
-INSTALL_HINT = ("pip install 'trajtune[gem]' && pip install --no-deps gem-llm==0.1.0  (gem-llm pins an older "
-                "reasoning-gym, which its games do not use)")
+INSTALL_HINT = ("pip install --no-deps gem-llm==0.1.0 && pip install nltk==3.9.1 msgspec==0.19.0 "
+                "'math-verify[antlr4_13_2]>=0.9,<0.10'  (gem-llm pins an older reasoning-gym, which its games do "
+                "not use)")
 
 INSTRUCTIONS = ("You are playing a game. Read the rules, think briefly, and write your answer each turn inside "
                 "\\boxed{...} as the game asks.")
