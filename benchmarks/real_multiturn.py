@@ -178,7 +178,7 @@ def _weak(out: Path, p: dict[str, Any], seed: int) -> tuple[Path | None, dict[in
 
 
 def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo",)) -> dict[str, Any]:
-    from trajtune.demo_real import _Stages
+    from trajtune.progress import StageClock
     from trajtune.envs.registry import make_env
     from trajtune.models.resolve import resolve_model
     from trajtune.schema import atomic_write_text, write_trajectories
@@ -192,7 +192,7 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
         sys.exit(f"{out} was started with other settings ({settings_file}); use another --out")
     atomic_write_text(settings_file, json.dumps({**p, "seed": seed}, indent=1))
     base = str(resolve_model(p["model"]).path)
-    stage = _Stages()
+    stage = StageClock()
     # a later invocation with other arms keeps what earlier ones measured
     prev = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     s: dict[str, Any] = {k: v for k, v in prev.items() if k.startswith(("weak_rl", "val_weak_rl"))}

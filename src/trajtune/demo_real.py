@@ -23,10 +23,7 @@ demo continues with ``--resume``: finished stages are read back, the others resu
 from __future__ import annotations
 
 import json
-import resource
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +37,7 @@ from trajtune.eval.harness import EvalSettings
 from trajtune.eval.run import run_eval
 from trajtune.eval.store import RESULTS_FILE
 from trajtune.models.resolve import resolve_model
-from trajtune.progress import bar, console
+from trajtune.progress import StageClock, bar, console, peak_rss_mb
 from trajtune.schema import atomic_write_text, write_trajectories
 from trajtune.train import prepare_run_dir, run_rl, run_sft
 
@@ -118,11 +115,6 @@ def rl_config(out: Path, p: dict[str, Any], seed: int) -> RLRunConfig:
     })
 
 
-def _peak_rss_mb() -> float:
-    """Peak resident memory of this process (ru_maxrss is in KiB on Linux)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
 def _settings_match(out: Path, p: dict[str, Any]) -> None:
     """A resumed demo must be the same demo: a recorded setting with another value is refused (a setting
     the run did not record, added by a newer trajtune, is accepted)."""
@@ -140,21 +132,6 @@ def _settings_match(out: Path, p: dict[str, Any]) -> None:
         shown = ", ".join(f"{k}: {a} → {b}" for k, (a, b) in diff.items())
         raise UsageError(f"{out} was started with other settings ({shown}); resume with the same ones, or use "
                          "--overwrite or another --out")
-
-
-class _Stages:
-    """Wall time and peak memory of each stage of the demo, as summary.json reports them."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = {}
-        self.peak: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.time()
-        yield
-        self.times[name] = round(time.time() - start, 1)
-        self.peak[name] = _peak_rss_mb()  # the process's peak so far: the stage that raised it shows
 
 
 def _demo_settings(overrides: dict[str, Any], overwrite: bool, resume: bool) -> dict[str, Any]:
@@ -220,7 +197,7 @@ def run_real_demo(out_dir: str | Path, model: str, *, overwrite: bool = False, r
     out = existing if resume else prepare_run_dir(out_dir, overwrite=overwrite)
     if not (out / "demo_settings.json").exists():
         atomic_write_text(out / "demo_settings.json", json.dumps({**p, "seed": seed}, indent=1))
-    stage = _Stages()
+    stage = StageClock()
 
     with stage("data"):  # 1. training data
         data_path = _expert_data(out, p, seed)
@@ -241,7 +218,7 @@ def run_real_demo(out_dir: str | Path, model: str, *, overwrite: bool = False, r
     summary["seconds"] = stage.times
     summary["peak_rss_mb_by_stage"] = stage.peak
     summary["wall_seconds"] = round(time.time() - t0, 1)
-    summary["peak_rss_mb"] = _peak_rss_mb()
+    summary["peak_rss_mb"] = peak_rss_mb()
     if resume:
         summary["resumed"] = True  # times are of this invocation: stages read back took ~0 s
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))

@@ -4,6 +4,7 @@ when stderr is a log file, nohup or CI, so a long stage never looks hung there."
 from __future__ import annotations
 
 import os
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -96,3 +97,24 @@ def bar(description: str, total: int, enabled: bool = True) -> Iterator[Callable
             progress.update(task, advance=n, info=_fields(fields))
 
         yield advance
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MB (ru_maxrss is in KiB on Linux)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+class StageClock:
+    """Wall time and peak memory of each stage of a multi-stage job (the real demo, a recipe), as
+    their summaries report them: ``with clock("sft"): ...`` then ``clock.times["sft"]``."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+        self.peak: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.time()
+        yield
+        self.times[name] = round(time.time() - start, 1)
+        self.peak[name] = peak_rss_mb()  # the process's peak so far: the stage that raised it shows

@@ -21,9 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import resource
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajtune.config import EnvSpec, read_config, validate_config
 from trajtune.errors import ConfigError, RunDirError, UsageError
-from trajtune.progress import console
+from trajtune.progress import StageClock, console
 from trajtune.schema import atomic_write_text
 
 RECIPE_FILE = "recipe.yaml"  # the recipe as run, in the output directory (a resume must match it)
@@ -262,10 +260,6 @@ class _Plan:
 
 # -- running ---------------------------------------------------------------------------------------
 
-def _peak_rss_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
 def _done(stage: Stage, d: Path) -> bool:
     """Whether the stage finished earlier (its outputs are written atomically, so present = complete)."""
     from trajtune.eval.store import RESULTS_FILE
@@ -375,11 +369,9 @@ def plan_recipe(path: str | Path, overrides: list[str] | None = None) -> tuple[R
 def describe_plan(recipe: RecipeFile, plan: _Plan) -> dict[str, Any]:
     """What ``trajtune recipe --check`` prints: per stage, the model it starts from and what it makes."""
     rows = []
-    replay = _Plan(recipe, plan.base, plan.out)
     for s in recipe.stages:
-        replay.settings(s)
-        start = None if s.run == "generate" else replay.inputs[s.name]
-        makes = replay.models.get(s.name) or (str(replay.data[s.name]) if s.name in replay.data else None)
+        start = None if s.run == "generate" else plan.inputs[s.name]
+        makes = plan.models.get(s.name) or (str(plan.data[s.name]) if s.name in plan.data else None)
         rows.append({"stage": s.name, "run": s.run, "model": start, "makes": makes,
                      "output": str(plan.out / s.name)})
     return {"output_dir": str(plan.out), "stages": rows, "model": plan.current}
@@ -397,6 +389,7 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, overwrit
         atomic_write_text(out / RECIPE_FILE, recipe_text)
     status_path = out / STATUS_FILE
     status: dict[str, Any] = json.loads(status_path.read_text()) if status_path.exists() else {"stages": {}}
+    clock = StageClock()
     for i, (stage, cfg) in enumerate(zip(recipe.stages, settings), start=1):
         d = out / stage.name
         if _done(stage, d):
@@ -409,10 +402,10 @@ def run_recipe(path: str | Path, overrides: list[str] | None = None, *, overwrit
             continue
         if not quiet:
             console.print(f"stage {i}/{len(recipe.stages)} {stage.name} ({stage.run})", highlight=False)
-        t0 = time.time()
-        summary = _run_stage(stage, cfg, d, plan, quiet)
-        status["stages"][stage.name] = {"run": stage.run, "seconds": round(time.time() - t0, 1),
-                                        "peak_rss_mb": _peak_rss_mb(), **summary}
+        with clock(stage.name):
+            summary = _run_stage(stage, cfg, d, plan, quiet)
+        status["stages"][stage.name] = {"run": stage.run, "seconds": clock.times[stage.name],
+                                        "peak_rss_mb": clock.peak[stage.name], **summary}
         atomic_write_text(status_path, json.dumps(status, indent=1, default=str))
     status["model"] = plan.current
     status["finished"] = True
