@@ -279,3 +279,13 @@ def test_a_plug_in_that_cannot_be_imported_is_a_user_error_naming_it_and_is_left
     assert "broken_world" not in list_envs()
     with pytest.raises(UsageError, match="broken_bench.*cannot be loaded"):
         EvalSettings(model="m", benchmark="broken_bench").validate()
+
+
+def test_the_missing_nltk_resource_is_read_from_the_plain_or_coloured_banner():
+    from trajtune.plugins import missing_nltk_resource
+
+    plain = LookupError("\n****\n  Resource 'words' not found.\n  Please use the NLTK Downloader\n****")
+    coloured = LookupError("\n****\n  Resource \x1b[93mwords\x1b[0m not found.\n  Please use the NLTK Downloader")
+    assert missing_nltk_resource(plain) == "words" and missing_nltk_resource(coloured) == "words"
+    assert missing_nltk_resource(LookupError("unknown encoding: foo")) is None
+    assert missing_nltk_resource(ValueError("Resource 'words' not found")) is None  # only NLTK's LookupError

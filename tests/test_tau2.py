@@ -241,8 +241,8 @@ def test_nl_judge_replies_are_read_per_assertion_and_anything_else_is_an_error()
 
     asserts = ["Agent refuses the refund.", "Agent is polite."]
     msgs = nl_judge_messages(["user: hi", "assistant: hello"], asserts)
-    assert "Grade each expected outcome individually." in msgs[0]["content"]
-    assert msgs[1]["content"] == ("conversation:\nuser: hi\nassistant: hello\n\nexpectedOutcomes:\n"
+    assert "Grade each expected outcome individually." in msgs[0].content
+    assert msgs[1].content == ("conversation:\nuser: hi\nassistant: hello\n\nexpectedOutcomes:\n"
                                   "- Agent refuses the refund.\n- Agent is polite.")
     # matched by expectedOutcome whatever the order, in a fenced block with text around it
     reply = ('Here: ```json\n{"results": [{"expectedOutcome": "Agent is polite.", "reasoning": "ok", '

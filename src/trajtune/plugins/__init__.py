@@ -31,6 +31,7 @@ imported only when its name is first used (its optional dependency may be missin
 from __future__ import annotations
 
 import importlib
+import re
 from importlib import metadata
 from typing import Any
 
@@ -53,6 +54,16 @@ BUILTIN: dict[str, dict[str, str]] = {
         "textworld": "trajtune.plugins.textworld:TextWorldSuite",
     },
 }
+
+
+def missing_nltk_resource(e: BaseException) -> str | None:
+    """The NLTK resource a game could not find offline (``words`` from NLTK's many-line, coloured
+    "Resource words not found" banner), or None when ``e`` is not that error."""
+    if not isinstance(e, LookupError):
+        return None
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # NLTK colours the resource's name on a terminal
+    m = re.search(r"Resource '?([\w/.-]+)'? not found", plain)
+    return m.group(1) if m else None
 
 
 def require(module: str, error: type[Exception], what: str, install: str) -> Any:

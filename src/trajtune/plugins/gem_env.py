@@ -43,7 +43,7 @@ from trajtune.envs.adapters.gym_text import GymTextEnv
 from trajtune.envs.base import ResetResult, StepResult, Task, parse_env_options
 from trajtune.envs.toolenv import check_game_task, game_tasks
 from trajtune.errors import EnvError
-from trajtune.plugins import require
+from trajtune.plugins import missing_nltk_resource, require
 from trajtune.schema import Message, Trajectory
 
 INSTALL_HINT = ("pip install --no-deps gem-llm==0.1.0 && pip install nltk==3.9.1 msgspec==0.19.0 "
@@ -101,11 +101,10 @@ class GemTask:
         try:
             self.env = gem.make(env_id)
         except Exception as e:  # noqa: BLE001 - dataset ids fetch from the hub when made; offline that fails
-            plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # NLTK colours the resource's name
-            nltk = re.search(r"Resource '?([\w/.-]+)'? not found", plain) if isinstance(e, LookupError) else None
+            nltk = missing_nltk_resource(e)
             if nltk is not None:  # NLTK's many-line banner as one line, with the download that fixes it
-                raise EnvError(f"gem environment {env_id!r} needs the NLTK resource {nltk.group(1)!r}, not found "
-                               f"offline: python -m nltk.downloader {nltk.group(1)} (once, with network)") from None
+                raise EnvError(f"gem environment {env_id!r} needs the NLTK resource {nltk!r}, not found "
+                               f"offline: python -m nltk.downloader {nltk} (once, with network)") from None
             why = (("a package gem-llm's install left out (its optional dependencies): install the module named "
                     "in the error") if isinstance(e, ImportError) else
                    "dataset ids (math:, code:, qa:) download their data from the hub and need network once")

@@ -26,6 +26,7 @@ own limits); every browser is closed at exit. The Chromium binary and its driver
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import re
 import shutil
@@ -85,8 +86,10 @@ def _browser_paths() -> tuple[str, str]:
     return chrome, driver
 
 
+@functools.cache
 def task_names() -> list[str]:
-    """Every registered MiniWoB++ task, without the ``miniwob/`` prefix and ``-v1`` suffix."""
+    """Every registered MiniWoB++ task, without the ``miniwob/`` prefix and ``-v1`` suffix (read once:
+    rollouts make an environment per episode)."""
     gym = require("gymnasium", MiniWoBNotInstalledError, "the miniwob environment", INSTALL_HINT)
     miniwob = require("miniwob", MiniWoBNotInstalledError, "the miniwob environment", INSTALL_HINT)
     gym.register_envs(miniwob)

@@ -44,7 +44,7 @@ from trajtune.envs.adapters.gym_text import GymTextEnv
 from trajtune.envs.base import ResetResult, StepResult, Task, parse_env_options
 from trajtune.envs.toolenv import check_game_task, game_tasks
 from trajtune.errors import EnvError
-from trajtune.plugins import require
+from trajtune.plugins import missing_nltk_resource, require
 from trajtune.schema import Message, Trajectory
 
 INSTALL_HINT = "pip install 'trajtune[textarena]'  (or: pip install 'textarena>=0.7.4,<0.7.5')"
@@ -84,8 +84,8 @@ def _ta() -> Any:
 
 def _offline(game: str, e: LookupError) -> EnvError:
     """NLTK's multi-line "Resource 'words' not found" as one line, with the download that fixes it."""
-    m = re.search(r"Resource '?([\w/.-]+)'? not found", str(e))
-    what = (f"NLTK resource {m.group(1)!r} (python -m nltk.downloader {m.group(1)}, once, with network)" if m
+    name = missing_nltk_resource(e)
+    what = (f"NLTK resource {name!r} (python -m nltk.downloader {name}, once, with network)" if name
             else f"{type(e).__name__}: {str(e).strip()[:200]}")
     return EnvError(f"textarena game {game!r} needs data it cannot find offline: {what}")
 

@@ -451,8 +451,7 @@ class Tau2Env(Environment):
             return None, None
         from trajtune.judge import ask
 
-        request = [Message(role=m["role"], content=m["content"])
-                   for m in nl_judge_messages(self.transcript, assertions)]
+        request = nl_judge_messages(self.transcript, assertions)
         try:
             text = ask(self.judge.complete, self.judge.model, request, self.judge.max_tokens)
             return parse_nl_results(text, assertions), None

@@ -29,6 +29,8 @@ import hashlib
 import json
 from typing import Any
 
+from trajtune.schema import Message
+
 DEFAULT_BASIS = ("DB", "COMMUNICATE")
 _DELETED = "__deleted__"
 
@@ -101,13 +103,13 @@ Example response structure:
 }"""
 
 
-def nl_judge_messages(transcript: list[str], assertions: list[str]) -> list[dict[str, str]]:
-    """The judge's request (OpenAI chat messages): the instruction, then the conversation and the
-    expected outcomes, as τ²-bench writes them."""
+def nl_judge_messages(transcript: list[str], assertions: list[str]) -> list[Message]:
+    """The judge's request: the instruction, then the conversation and the expected outcomes, as
+    τ²-bench writes them."""
     outcomes = "\n".join(f"- {a}" for a in assertions)
     conversation = "\n".join(transcript)
-    return [{"role": "system", "content": NL_JUDGE_SYSTEM},
-            {"role": "user", "content": f"conversation:\n{conversation}\n\nexpectedOutcomes:\n{outcomes}"}]
+    return [Message(role="system", content=NL_JUDGE_SYSTEM),
+            Message(role="user", content=f"conversation:\n{conversation}\n\nexpectedOutcomes:\n{outcomes}")]
 
 
 def parse_nl_results(text: str, assertions: list[str]) -> list[dict[str, Any]]:
