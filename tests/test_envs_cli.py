@@ -123,3 +123,11 @@ def _terms_of(env, task):
         if "reward_terms" in info:
             return info["reward_terms"]
     raise AssertionError(f"no step of {env.name}'s expert reported reward terms")
+
+
+def test_envs_show_a_benchmark_with_only_a_test_split():
+    """BFCL has no train split: `envs show` (default --split train) shows one of its test entries."""
+    for name, first in (("bfcl_single_turn", "simple_python_0"), ("bfcl_multi_turn", "multi_turn_base_0")):
+        r = runner.invoke(app, ["envs", "show", name])
+        assert r.exit_code == 0, r.output
+        assert "tasks: test " in r.output and f"example task {first}:" in r.output

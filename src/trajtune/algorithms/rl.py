@@ -42,6 +42,12 @@ from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec, assign_mc_adva
 from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
+from trajtune.algorithms.self_correction import (
+    TrainTurns,
+    check_retry_env,
+    first_attempt_success,
+    restrict_to_turns,
+)
 from trajtune.algorithms.turn_judge import TurnJudge, TurnJudgeSpec
 from trajtune.algorithms.value import (
     ValueEstimator,
@@ -157,6 +163,11 @@ class RLSpec(_C):
                                                       "and advantage whitening; defaults when omitted")
     mc_critic: MCCriticSpec | None = Field(None, description="with credit: mc_critic: rollouts per state (samples) "
                                                              "and GAE λ (lam); defaults when omitted")
+    train_turns: TrainTurns = Field(
+        "all", description="which of the policy's turns train: all, or with the retry environment wrapper only the "
+                           "reflection after a failed attempt (Reflect, Retry, Reward) or only the retried attempt "
+                           "(RISE); episodes without such a turn are masked (docs/algorithms.md, Trained "
+                           "self-correction)")
     masked_in_baseline: bool = Field(
         False, description="count masked episodes (env errors, timeouts, non-finite rewards) in their group's "
                            "baseline; by default they are left out, since they say nothing about the policy")
@@ -229,6 +240,13 @@ class RLSpec(_C):
         if self.curriculum is not None and self.async_rollouts:
             raise ValueError("rl.curriculum with rl.async_rollouts is not supported (the next step's tasks would be "
                              "chosen before this step's successes are counted)")
+        if self.train_turns != "all":
+            if self.credit != "episode":
+                raise ValueError(f"rl.train_turns: {self.train_turns} works with rl.credit: episode (the turn it trains "
+                                 f"gets the episode's advantage), not {self.credit}")
+            if self.masked_in_baseline:
+                raise ValueError(f"rl.masked_in_baseline with rl.train_turns: {self.train_turns} would put the episodes "
+                                 "without that turn (solved at the first attempt) in the baseline; drop one of them")
         if self.mini_batches > self.tasks_per_step:
             raise ValueError(f"rl.mini_batches ({self.mini_batches}) > rl.tasks_per_step ({self.tasks_per_step}): "
                              "a mini-batch holds whole groups, so some would be empty")
@@ -339,6 +357,8 @@ def episode_writer(path: Path) -> Any:
 
 def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
+    if cfg.rl.train_turns != "all":
+        check_retry_env(env, cfg.rl.train_turns)
     if cfg.rl.reward is not None:
         RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
     if cfg.rl.turn_judge is not None and cfg.rl.turn_judge.judge.startswith("openai:"):
@@ -380,9 +400,14 @@ def _mc_shaping(r: RLSpec, composer: RewardComposer | None) -> Any:
 
 
 def _episode_hooks(r: RLSpec, composer: RewardComposer | None) -> Any:
-    """What sets each episode's reward after sampling: reward composition, then judge-scored turns."""
+    """What sets each episode's reward and trained tokens after sampling: reward composition,
+    judge-scored turns, then the turns ``rl.train_turns`` keeps."""
     hooks = ([composer] if composer is not None else []) + \
         ([TurnJudge.from_spec(r.turn_judge)] if r.turn_judge is not None else [])
+    if r.train_turns != "all":
+        train_turns = r.train_turns
+        hooks.append(lambda step, episodes: {"first_attempt_success": first_attempt_success(episodes),
+                                             **restrict_to_turns(episodes, train_turns)})
     if not hooks:
         return None
 

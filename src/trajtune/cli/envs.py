@@ -65,6 +65,8 @@ def show_command(
     typer.echo(f"max_turns: {env.max_turns}")
     if splits := (env.splits() if hasattr(env, "splits") else None):  # a benchmark's fixed task set
         typer.echo("tasks: " + ", ".join(f"{k} {v}" for k, v in splits.items()))
+        if split not in splits:  # a benchmark has only a test split: show one of its tasks
+            split = next(iter(splits))
     # getattr: a duck-typed plug-in need not subclass Environment, where both are declared
     if install := getattr(env, "install", ""):  # a plug-in on an optional extra says how to get it
         typer.echo(f"install: {install}")

@@ -24,8 +24,9 @@ from trajtune import plugins
 from trajtune.envs.adapters.experiences import WithExperiences, load_experiences
 from trajtune.envs.adapters.feedback_slot import FeedbackSlot
 from trajtune.envs.adapters.from_config import make_from_ref
+from trajtune.envs.adapters.retry import RetryEnv, RetryOptions
 from trajtune.envs.adapters.simulated_user import SimulatedUser, make_user
-from trajtune.envs.base import Environment
+from trajtune.envs.base import Environment, parse_env_options
 from trajtune.envs.builtin import ADAPTERS, WORLDS
 from trajtune.errors import EnvError
 
@@ -120,6 +121,13 @@ def simulated_user(env: str, user: str = "scripted", user_model: str = "", timeo
                          timeout_s=timeout_s)
 
 
+def retry(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Environment:
+    """An environment (``env``, with ``kwargs``) in which a failed attempt gets feedback, an optional
+    reflection turn and another try (options retries, reflect, feedback, inject_error; envs/adapters/retry.py)."""
+    return RetryEnv(make_env(env, **(kwargs or {})), parse_env_options(RetryOptions, "retry", options))
+
+
 _REGISTRY.update(WORLDS)
 _REGISTRY.update(ADAPTERS)
-_REGISTRY.update(feedback_slot=feedback_slot, with_experiences=with_experiences, simulated_user=simulated_user)
+_REGISTRY.update(feedback_slot=feedback_slot, with_experiences=with_experiences, simulated_user=simulated_user,
+                 retry=retry)

@@ -24,6 +24,12 @@ Definitions (per episode unless said otherwise; aggregates are means over episod
   when the AST checker accepts the answer), that verdict is used. ``None`` when nothing was
   attempted.
 - ``mean_turns``: assistant messages per episode.
+- ``retry`` (only for episodes of the ``retry`` wrapper, whose added messages carry
+  ``extra["retry"]``): ``first_attempt_success`` (solved without a retry), ``success_by_attempt``
+  (solved within 1, 2, ... attempts; the last equals ``success``), ``retried`` (episodes that got a
+  second attempt), ``recovered`` (of those, the share solved in the end), ``reflections`` (reflection
+  turns asked for) and, with ``inject_error``, ``injected_errors`` and ``recovery_after_error`` (the
+  share of those episodes solved in the end).
 - ``judge`` (only when ``--judge`` scored the episodes; ``trajtune.judge``): ``episodes`` judged,
   ``scored`` (replies with a score), ``parse_failures`` (replies without one: counted, never
   dropped) and ``mean_score`` over the scored ones (``None`` when none was).
@@ -47,6 +53,7 @@ from functools import lru_cache
 from math import comb
 from typing import Any
 
+from trajtune.envs.adapters.retry import attempts, retry_marks
 from trajtune.envs.tools import check_arguments
 from trajtune.judge import judge_summary
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
@@ -246,6 +253,36 @@ def _aggregate(stats: list[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]
     return out
 
 
+def retry_summary(episodes: Sequence[Any]) -> dict[str, Any] | None:
+    """First- and later-attempt success over ``retry`` episodes (module doc); None when no episode
+    comes from the wrapper (its name is ``retry(INNER)``)."""
+    trajs = [trajectory_of(e) for e in episodes]
+    trajs = [t for t in trajs if str(t.metadata.get("env", "")).startswith("retry(") or retry_marks(t)]
+    if not trajs:
+        return None
+    n = len(trajs)
+    rows = []
+    for t in trajs:
+        marks = retry_marks(t)
+        ok = bool(t.outcome and t.outcome.success)
+        rows.append((attempts(t), ok, marks.count("reflect"), "injected_error" in marks))
+    most = max(a for a, _, _, _ in rows)
+    retried = [r for r in rows if r[0] > 1]
+    injected = [r for r in rows if r[3]]
+    out: dict[str, Any] = {
+        "episodes": n,
+        "first_attempt_success": sum(1 for a, ok, _, _ in rows if ok and a == 1) / n,
+        "success_by_attempt": {str(k): sum(1 for a, ok, _, _ in rows if ok and a <= k) / n for k in range(1, most + 1)},
+        "retried": len(retried) / n,
+        "recovered": sum(1 for r in retried if r[1]) / len(retried) if retried else None,
+        "reflections": sum(r[2] for r in rows),
+    }
+    if injected:
+        out["injected_errors"] = len(injected)
+        out["recovery_after_error"] = sum(1 for r in injected if r[1]) / len(injected)
+    return out
+
+
 def summarize(episodes: Sequence[Any], ks: Sequence[int] = (1,)) -> dict[str, Any]:
     """Aggregate episodes (rollout ``Episode``s or IR ``Trajectory``s, several per task allowed).
 
@@ -259,6 +296,9 @@ def summarize(episodes: Sequence[Any], ks: Sequence[int] = (1,)) -> dict[str, An
     cats = sorted({s["category"] for s in stats if s["category"] is not None})
     if cats:
         out["categories"] = {c: _aggregate([s for s in stats if s["category"] == c], ks) for c in cats}
+    retry = retry_summary(episodes)
+    if retry is not None:
+        out["retry"] = retry
     return out
 
 

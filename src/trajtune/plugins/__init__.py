@@ -42,6 +42,7 @@ EVAL_SUITES = "trajtune.eval_suites"
 BUILTIN: dict[str, dict[str, str]] = {
     ENVS: {
         "bfcl_multi_turn": "trajtune.plugins.bfcl.multi_turn:BFCLMultiTurnEnv",
+        "bfcl_single_turn": "trajtune.plugins.bfcl.single_turn:BFCLSingleTurnEnv",
         "textworld": "trajtune.plugins.textworld:TextWorldEnv",
         "reasoning_gym": "trajtune.plugins.reasoning_gym_env:ReasoningGymEnv",
         "textarena": "trajtune.plugins.textarena_env:TextArenaEnv",

@@ -249,6 +249,9 @@ class BFCLMultiTurnEnv(Environment):
         return [Task(id=items[i], seed=i, split="test", data={"record_id": items[i], "category": ids[items[i]]})
                 for i in chosen]
 
+    def splits(self) -> dict[str, int]:
+        return {"test": len(self._all())}
+
     def all_tasks(self) -> list[Task]:
         """Every entry of the selected categories, in file order."""
         return self.tasks("test", len(self._all()))

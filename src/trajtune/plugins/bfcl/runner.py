@@ -113,18 +113,26 @@ def _assistant(p: Parsed, keep_calls: bool, raw: str) -> Message:
     return assistant_message(p.content, p.tool_calls if keep_calls else None, p.errors, raw)
 
 
+def check_entry(data: dict[str, Any], calls: list[ToolCall], errors: list[Any]) -> tuple[bool, str, str]:
+    """BFCL's verdict on one single-turn answer (``data``: an entry's ``reference.data``): (valid,
+    reason, message). A call that did not parse is a format error, except in the relevance
+    categories, where no call at all may be the right answer."""
+    cat = data["category"]
+    if cat in RELEVANCE_CATEGORIES:
+        r = check_relevance(None if errors and not calls else calls, cat)
+    elif errors:
+        r = None
+    else:
+        r = check_ast(data["functions"], calls, data["ground_truth"], cat)
+    return (False, "format_error", "; ".join(map(str, errors))) if r is None else r.as_tuple()
+
+
 def score_single_turn(traj: Trajectory, text: str, parse_fn: ParseFn) -> BFCLItemResult:
     """Parse one model answer to a single-turn BFCL entry and score it."""
     data = traj.reference.data
     cat = data["category"]
     p = _parse(parse_fn, text)
-    if cat in RELEVANCE_CATEGORIES:
-        r = check_relevance(None if p.errors and not p.tool_calls else p.tool_calls, cat)
-    elif p.errors:
-        r = None
-    else:
-        r = check_ast(data["functions"], p.tool_calls, data["ground_truth"], cat)
-    valid, reason, message = (False, "format_error", "; ".join(p.errors)) if r is None else r.as_tuple()
+    valid, reason, message = check_entry(data, p.tool_calls, p.errors)
     out_traj = traj.model_copy(deep=True)
     out_traj.messages.append(_assistant(p, keep_calls=True, raw=text))
     out_traj.reward = 1.0 if valid else 0.0
