@@ -25,7 +25,7 @@ from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, token_logprobs
 from trajtune.algorithms.episode_transforms import add_ref_logprobs
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
-from trajtune.algorithms.rft import action_key
+from trajtune.algorithms.actions import action_key
 from trajtune.config import EnvSpec, RolloutSpec, RunBase, _C
 from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, DataError, require_input

@@ -4,19 +4,22 @@ Each iteration: sample k attempts per training task with the current policy, let
 verify them, keep the successes (deduplicated, at most a quota per task), then SFT on the expert
 data plus the kept attempts; repeat. The kept attempts of each iteration are written to the run
 directory before training on them, so a killed run resumes exactly (``experience.IterativeSource``).
-With ``rft.eef`` the failed expert trajectories are mined for their beneficial segments (EEF).
+With ``rft.eef`` the failed expert trajectories are mined for their beneficial segments (EEF); with
+``rft.early_experience`` the policy's own alternatives at the expert's states become world-model and
+self-reflection records (``algorithms.early_experience``).
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
+from trajtune.algorithms.actions import action_signature
 from trajtune.algorithms.batch import fit_length
+from trajtune.algorithms.early_experience import EarlyExperienceSpec, early_experience_mine
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.sft import (
     SFTObjective,
@@ -34,24 +37,6 @@ from trajtune.filters import apply_filters, make_filter_judge
 from trajtune.progress import console
 from trajtune.schema import Trajectory
 from trajtune.tokens import TokenTrajectory
-
-
-def _action(m: Any) -> list[Any]:
-    return [m.text().strip(), [[c.name, c.arguments] for c in (m.tool_calls or [])]]
-
-
-def _canonical(x: Any) -> str:
-    return json.dumps(x, sort_keys=True, ensure_ascii=False, default=str)
-
-
-def action_key(m: Any) -> str:
-    """One assistant action (its text and calls) as canonical text: equal actions, equal keys."""
-    return _canonical(_action(m))
-
-
-def action_signature(t: Trajectory) -> str:
-    """The policy's actions as canonical text: two attempts with the same signature are duplicates."""
-    return _canonical([_action(m) for m in t.messages if m.role == "assistant"])
 
 
 def select_successes(episodes: list[Any], per_task_quota: int,
@@ -178,7 +163,8 @@ class RFTSpec(_C):
     iterations: int = Field(2, gt=0, description="mine → train rounds; train.steps is split evenly between them")
     n_tasks: int = Field(64, gt=0, description="training tasks of the env's train split (seeded by the run seed), "
                                                "all attempted every iteration")
-    k: int = Field(4, gt=0, description="attempts per task and iteration")
+    k: int = Field(4, ge=0, description="attempts per task and iteration (0: none, with rft.eef or "
+                                        "rft.early_experience)")
     per_task_quota: int = Field(1, gt=0, description="kept successes per task and iteration at most")
     dedup: bool = Field(True, description="keep one copy of identical successful action sequences")
     keep_previous: bool = Field(True, description="train on the successes of earlier iterations too")
@@ -186,6 +172,10 @@ class RFTSpec(_C):
                                          "expert trajectories in data.path (their ids are training task ids)")
     eef_states: int = Field(5, gt=0, description="M: evenly spaced states per failed expert trajectory")
     eef_attempts: int = Field(2, gt=0, description="policy attempts from each state")
+    early_experience: EarlyExperienceSpec | None = Field(
+        None, description="early experience: the policy's own alternative actions at the expert trajectories' states "
+                          "(data.path) become world-model and self-reflection records (docs/algorithms.md, Early "
+                          "experience)")
     filters: FilterSpec | None = Field(
         None, description="quality filters on the mined successes before they train (stepwise consistency, "
                           "mistakes, format, length, an LLM judge; docs/formats.md, Filtering data); removed ones "
@@ -195,6 +185,11 @@ class RFTSpec(_C):
     def _no_ops(self) -> "RFTSpec":
         if not self.eef and {"eef_states", "eef_attempts"} & self.non_default():
             raise ValueError("rft.eef_states / rft.eef_attempts are set but rft.eef is false")
+        if self.k == 0 and not (self.eef or self.early_experience is not None):
+            raise ValueError("rft.k: 0 mines no attempt, and neither rft.eef nor rft.early_experience is set: nothing "
+                             "of the policy's own would train (for SFT on the data alone use algorithm: sft)")
+        if self.k == 0 and ({"per_task_quota", "dedup", "filters"} & self.non_default()):
+            raise ValueError("rft.per_task_quota / rft.dedup / rft.filters apply to mined successes, and rft.k is 0")
         return self
 
 
@@ -223,17 +218,21 @@ class RFTRunConfig(EnvRunBase):
                              "rft (the policy's own attempts would then train every turn); use train_on: all or hint")
         if self.rft.eef and self.data is None:
             raise ValueError("rft.eef needs data.path: the expert trajectories whose failures are mined")
+        if self.rft.early_experience is not None and self.data is None:
+            raise ValueError("rft.early_experience needs data.path: the expert trajectories whose states are explored")
         return self
 
 
 def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
     env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment
-    if cfg.rft.eef and not env.deterministic:
-        raise ConfigError(f"rft.eef replays expert actions to reach states, and environment {cfg.env.name!r} is not "
-                          "deterministic (docs/envs.md, Reaching a state)")
+    for on, key in ((cfg.rft.eef, "rft.eef"), (cfg.rft.early_experience is not None, "rft.early_experience")):
+        if on and not env.deterministic:
+            raise ConfigError(f"{key} replays expert actions to reach states, and environment {cfg.env.name!r} is not "
+                              "deterministic (docs/envs.md, Reaching a state)")
     tasks = env.tasks("train", cfg.rft.n_tasks, seed=cfg.seed)
     experts: list[Any] = []
     failed: list[tuple[Any, Any]] = []
+    explore: list[tuple[Any, Any]] = []
     counts: dict[str, Any] = {}
     fixed: list[TokenTrajectory] = []
     if cfg.data is not None:
@@ -258,12 +257,20 @@ def _prepare(cfg: RFTRunConfig, ctx: RunContext) -> dict[str, Any]:
                                 f"({len(bad)} record(s) with outcome.success false, {len(bad) - len(failed)} of them "
                                 f"with an id outside the {len(tasks)} training tasks of {cfg.env.name} at seed "
                                 f"{cfg.seed})")
+        if cfg.rft.early_experience is not None:
+            explore = [(by_id[t.id], t) for t in experts if t.id in by_id]
+            if not explore:
+                raise DataError(f"{cfg.data.path}: rft.early_experience found no expert trajectory of a training task "
+                                f"({len(experts)} record(s); their ids must be ids of the {len(tasks)} training tasks "
+                                f"of {cfg.env.name} at seed {cfg.seed}, as trajtune data generate --seed writes them)")
         if experts:
             fixed, c = render_training_data(experts, ctx.renderer, cfg.data.path, cfg.data.max_length,
                                             cfg.data.truncation, ctx.quiet)
             counts.update({"expert_records": c["train_records"], "invalid_skipped": load.skipped})
         counts["failed_experts"] = len(failed)
-    return {"tasks": tasks, "fixed": fixed, "failed": failed, "counts": counts}
+        if explore:
+            counts["early_experience_experts"] = len(explore)
+    return {"tasks": tasks, "fixed": fixed, "failed": failed, "explore": explore, "counts": counts}
 
 
 def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Recipe:
@@ -277,8 +284,11 @@ def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Reci
 
     def mine(it: int, model: Any) -> tuple[list[Any], dict[str, float]]:
         seed = cfg.seed * 1_000_003 + 7_777 + it
-        kept, c = rft_mine(model, ctx.tokenizer, ctx.renderer, env_factory, prepared["tasks"], ro, r.k,
-                           r.per_task_quota, seed, dedup=r.dedup)
+        kept: list[Trajectory] = []
+        c: dict[str, int] = {}
+        if r.k:
+            kept, c = rft_mine(model, ctx.tokenizer, ctx.renderer, env_factory, prepared["tasks"], ro, r.k,
+                               r.per_task_quota, seed, dedup=r.dedup)
         metrics = {k: float(v) for k, v in c.items()}
         if r.filters is not None:  # a success that repeated a failed call still teaches the repeat
             kept, report = apply_filters(kept, r.filters, judge)
@@ -292,6 +302,11 @@ def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Reci
                                 r.eef_states, r.eef_attempts, seed)
             records += segs
             metrics.update({f"eef_{k}": float(v) for k, v in ce.items()})
+        if r.early_experience is not None:
+            extra, cx = early_experience_mine(model, ctx.tokenizer, ctx.renderer, env_factory, prepared["explore"], ro,
+                                              r.early_experience, seed)
+            records += extra
+            metrics.update({f"ee_{k}": float(v) for k, v in cx.items()})
         metrics["records"] = float(len(records))
         if not records and not prepared["fixed"] and not (r.keep_previous and it > 0):
             raise DataError(f"rft iteration {it + 1}: nothing to train on: {c.get('successes', 0)} successes in "
