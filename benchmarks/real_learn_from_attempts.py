@@ -109,6 +109,10 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=512, help="rollouts per arm (the demo's RL stage: 16 × 4 × 8)")
     ap.add_argument("--work", type=Path, default=None, help="work directory (default: DEMO/attempts)")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "real_learn_from_attempts.json")
+    ap.add_argument("--keep-choice", action="store_true",
+                    help="read the chosen rates, the validation scores and the rows already measured from --json "
+                         "(when the work directory that measured them is gone): no selection runs, only the rows "
+                         "of --seeds x --arms that --json lacks")
     ap.add_argument("--job", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.job:
@@ -131,8 +135,12 @@ def main() -> None:
         return {"arm": arm, "demo": str(demo), "out": str(work / f"{arm}-s{seed}-lr{lr:g}"), "p": p, "seed": seed,
                 "lr": lr, "budget": a.budget}
 
-    base_val = validation(sft, work / "val-sft", p, VAL_TASKS, VAL_SEED)
+    old = json.loads(a.json.read_text()) if a.keep_choice else None
+    base_val = old["sft_validation"] if old else validation(sft, work / "val-sft", p, VAL_TASKS, VAL_SEED)
     base = _evaluate(sft, demo / "eval-sft", p, eval_seed)
+    if old and base != old["sft"]:
+        raise SystemExit(f"--keep-choice: {sft} scores {base} on the test sets, the rows in {a.json} started from "
+                         f"{old['sft']}: another SFT adapter")
     print(f"SFT adapter {sft}: validation {base_val:.0%}, held-out fncall {base['fncall']:.0%}, "
           f"BFCL simple_python {base['bfcl_simple_python']:.0%}", flush=True)
 
@@ -179,15 +187,23 @@ def main() -> None:
               f"({info['seconds']:.0f} s, peak RSS {info['peak_rss_mb']:.0f} MB)", flush=True)
         return row
 
+    if old:  # only the missing rows, at the rates chosen before
+        chosen.update(old["chosen"])
+        selection, rows = old["selection"], old["rows"]
+        for seed in a.seeds:
+            for arm in a.arms:
+                if not any(r["arm"] == arm and r["seed"] == seed for r in rows):
+                    rows.append(report(arm, seed))
+                    save(rows, False)
     best: dict[str, float] = {}
-    for arm in selection:  # (1)
+    for arm in (selection if not old else []):  # (1)
         chosen[arm] = LRS[arm][0]
         best[arm] = select(arm, LRS[arm][0])
         save(rows, False)
-    for arm in a.arms:
+    for arm in (a.arms if not old else []):
         rows.append(report(arm, SELECT_SEED))
         save(rows, False)
-    for arm in selection:  # (2)
+    for arm in (selection if not old else []):  # (2)
         for lr in LRS[arm][1:]:
             v = select(arm, lr)
             if v > best[arm]:  # strictly better on validation; a tie keeps the earlier rate
@@ -195,7 +211,7 @@ def main() -> None:
                 rows = [r for r in rows if not (r["arm"] == arm and r["seed"] == SELECT_SEED)]
                 rows.append(report(arm, SELECT_SEED))
             save(rows, False)
-    for seed in [x for x in a.seeds if x != SELECT_SEED]:  # (3)
+    for seed in [x for x in a.seeds if x != SELECT_SEED and not old]:  # (3)
         for arm in a.arms:
             rows.append(report(arm, seed))
             save(rows, False)
