@@ -53,7 +53,7 @@ from functools import lru_cache
 from math import comb
 from typing import Any
 
-from trajtune.envs.adapters.retry import attempts, retry_marks
+from trajtune.envs.adapters.retry import attempts, from_retry, retry_marks
 from trajtune.envs.tools import check_arguments
 from trajtune.judge import judge_summary
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
@@ -257,7 +257,7 @@ def retry_summary(episodes: Sequence[Any]) -> dict[str, Any] | None:
     """First- and later-attempt success over ``retry`` episodes (module doc); None when no episode
     comes from the wrapper (its name is ``retry(INNER)``)."""
     trajs = [trajectory_of(e) for e in episodes]
-    trajs = [t for t in trajs if str(t.metadata.get("env", "")).startswith("retry(") or retry_marks(t)]
+    trajs = [t for t in trajs if from_retry(t)]
     if not trajs:
         return None
     n = len(trajs)

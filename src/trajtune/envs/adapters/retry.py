@@ -71,6 +71,11 @@ def retry_marks(traj: Trajectory) -> list[str]:
     return [str(m.extra[RETRY_KEY]) for m in traj.messages if isinstance(m.extra.get(RETRY_KEY), str)]
 
 
+def from_retry(traj: Trajectory) -> bool:
+    """Whether an episode was played through the wrapper (its environment name, or its marks)."""
+    return str(traj.metadata.get("env", "")).startswith("retry(") or bool(retry_marks(traj))
+
+
 def attempts(traj: Trajectory) -> int:
     """How many attempts an episode made (1 + the wrapper's requests to try again)."""
     return 1 + retry_marks(traj).count("retry")
@@ -117,12 +122,7 @@ class RetryEnv(Environment):
             raise RuntimeError("step() before reset()")
         if self.phase == "reflect":  # the reflection: not executed; the inner world starts the task afresh
             self.phase = "act"
-            self.attempt += 1
-            res = self.inner.reset(self.task)
-            info: dict[str, Any] = {"attempt": self.attempt}
-            if res.tools:
-                info["tools"] = res.tools
-            return StepResult([_added("user", RETRY_TEXT, "retry")], info=info)
+            return StepResult([_added("user", RETRY_TEXT, "retry")], info=self._next_attempt({}))
         calls = action.tool_calls or []
         if self.pending_error and calls:  # the first call of the first attempt fails in transit
             self.pending_error = False
@@ -146,12 +146,18 @@ class RetryEnv(Environment):
             self.phase = "reflect"
             obs.append(_added("user", f"{text} {REFLECT_TEXT}", "reflect"))
             return StepResult(obs, info=info)
+        obs.append(_added("user", f"{text} {RETRY_TEXT}", "retry"))
+        return StepResult(obs, info=self._next_attempt(info))
+
+    def _next_attempt(self, info: dict[str, Any]) -> dict[str, Any]:
+        """Start the next attempt: the inner environment resets to the same task; its tools (the
+        rollout takes a changed list from ``info["tools"]``) go into ``info``, which is returned."""
+        assert self.task is not None
         self.attempt += 1
         res = self.inner.reset(self.task)
-        obs.append(_added("user", f"{text} {RETRY_TEXT}", "retry"))
         if res.tools:
             info["tools"] = res.tools
-        return StepResult(obs, info=info)
+        return info
 
     def success(self) -> bool:
         return self.inner.success()
