@@ -402,7 +402,7 @@ class VLLMSpec(_C):
 
 _RolloutSpecFields = runtime_section("RolloutSpec", RolloutConfig, [
     "max_turns", "max_new_tokens", "max_length", "temperature", "top_p", "parser", "batch_size", "step_timeout_s",
-    "reuse_kv_cache",
+    "reuse_kv_cache", "mask_observations_at",
     ("ray", RaySpec | None, Field(None, description="run the environments in Ray worker actors (docs/envs.md, "
                                                     "Rollout workers on Ray); generation stays in the learner")),
     ("server", ServerSpec | None, Field(

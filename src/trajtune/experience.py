@@ -23,7 +23,7 @@ import torch
 from trajtune import distributed as dist
 from trajtune.chat.render import ChatRenderer
 from trajtune.schema import atomic_write_text
-from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
+from trajtune.tokens import CLOSED_ROWS, SOURCE_POLICY, TokenTrajectory
 from trajtune.envs.base import Environment, Task
 from trajtune.rollout import RolloutConfig, _round_seed, run_rollouts
 
@@ -131,6 +131,8 @@ class RolloutSource:
         for k, e in enumerate(episodes):
             tt = e.tokens
             tt.group = f"{step}:{k // self.group_size}" if round_no == 0 else f"{step}.{round_no}:{k // self.group_size}"
+            if e.rows:  # contexts that left the active one: they join the batch after the advantages
+                tt.meta[CLOSED_ROWS] = e.rows
             tts.append(tt)
         return tts, episodes
 

@@ -32,6 +32,7 @@ import yaml
 
 from trajtune.chat.render import ChatRenderer
 from trajtune.errors import InputNotFoundError
+from trajtune.folding import expand_folds
 from trajtune.models.loading import load_tokenizer
 from trajtune.progress import console
 from trajtune.schema import Trajectory, atomic_write_text
@@ -343,7 +344,8 @@ def add_tokens(data: _Data, run: Path, cfg: dict[str, Any]) -> None:
     for ep in data.episodes:
         try:
             rec = {k: v for k, v in ep["_record"].items() if k != "step"}  # rollouts.jsonl tags the step
-            tt = renderer.render(Trajectory.model_validate(rec))
+            # a folded episode (context folding): the context active at its end, as the model last saw it
+            tt = renderer.render(expand_folds(Trajectory.model_validate(rec))[-1])
         except Exception as e:  # noqa: BLE001 - one record that does not render keeps its message view
             ep["token_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             failed += 1

@@ -29,7 +29,8 @@ from trajtune.chat.render import (
 )
 from trajtune.envs.base import Environment, StepResult, Task
 from trajtune.envs.runner import step_batch
-from trajtune.generation import sampler_for
+from trajtune.folding import FOLD_KEY, MASKED_TEXT
+from trajtune.generation import RowCache, sampler_for
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 from trajtune.settings import setting
 
@@ -53,6 +54,11 @@ class RolloutConfig:
     reuse_kv_cache: bool = setting(True, description="keep each episode's KV cache across turns (encode only the "
                                                      "new tokens); false, or a model it cannot serve: generate() "
                                                      "per turn")
+    mask_observations_at: int = setting(0, ge=0, description="observation masking (a baseline for context folding): "
+                                                           "when the active context passes this many tokens, every "
+                                                           "tool result but the latest is replaced by a placeholder "
+                                                           "and the context re-encoded; what was sampled before "
+                                                           "trains as its own row; 0: off")
     snapshots: bool = False  # keep env.snapshot() (and the tools) before each turn: Episode.snapshots (not a config key)
 
 
@@ -65,6 +71,20 @@ class Episode:
     task: Task | None = None
     #: (env.snapshot(), tools) before each of the policy's turns, with RolloutConfig.snapshots (in memory only)
     snapshots: list[Any] = field(default_factory=list)
+    #: the contexts that left the active one (a returned branch, a context before observation
+    #: masking), each its own training row, in the order they closed; ``tokens`` is the last context
+    rows: list[TokenTrajectory] = field(default_factory=list)
+
+
+@dataclass
+class _Branch:
+    """An open branch: where the main context stood when it began."""
+
+    k: int  # the branch's number in the episode
+    ids_at: int  # tokens of the main context (the branch call included)
+    messages_at: int  # messages of the main context (the branch call included)
+    call_id: str
+    name: str
 
 
 @dataclass
@@ -88,12 +108,38 @@ class _Live:
     snapshots: list[Any] = field(default_factory=list)  # (env.snapshot(), tools) before each own turn
     cache: Any = None  # what the sampler keeps of ids[:cache.n]: a RowCache, or a server's remote.Sent
     index: int = 0  # the task's position in the run_rollouts call (where its episode goes)
+    log: list[Message] = field(default_factory=list)  # every message, folded or masked ones too (the record)
+    branch: _Branch | None = None  # the open branch of a folding environment (envs/adapters/fold.py)
+    folds: int = 0  # branches opened
+    fold_errors: int = 0  # branch / return calls the environment refused
+    rows: list[TokenTrajectory] = field(default_factory=list)  # closed contexts (Episode.rows)
+    peak: int = 0  # the longest active context, in tokens
 
     def extend(self, ids: list[int], src: int, logprobs: list[float] | None = None) -> None:
         self.ids += ids
         self.source += [src] * len(ids)
         self.turn += [self.turns] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.peak = max(self.peak, len(self.ids))
+
+    def add(self, msgs: list[Message]) -> None:
+        """Messages join the active context and the record; inside a branch they carry its mark."""
+        for m in msgs:
+            if self.branch is not None:
+                m.extra[FOLD_KEY] = {"branch": self.branch.k}
+            self.messages.append(m)
+            self.log.append(m)
+
+    def close_row(self, trained_from: int) -> None:
+        """The active context as it is becomes a training row of its own; its policy tokens before
+        ``trained_from`` train in another row (the main context's), so they weigh 0 here."""
+        self.rows.append(TokenTrajectory(
+            ids=list(self.ids), source=list(self.source), turn=list(self.turn),
+            weight=[1.0 if s == SOURCE_POLICY and i >= trained_from else 0.0 for i, s in enumerate(self.source)],
+            logprobs=list(self.logprobs), traj_id=self.task.id))
+
+    def truncate(self, n: int) -> None:
+        del self.ids[n:], self.source[n:], self.turn[n:], self.logprobs[n:]
 
 
 def _round_seed(seed: int, *parts: Any) -> int:
@@ -216,7 +262,7 @@ def _start(renderer: ChatRenderer, env_factory: Callable[[], Environment], task:
     else:
         res = env.reset(task)
         messages, tools = list(res.messages), list(res.tools)
-    ep = _Live(env=env, task=task, messages=messages, tools=tools, index=index)
+    ep = _Live(env=env, task=task, messages=messages, tools=tools, index=index, log=list(messages))
     ep.extend(renderer.prompt_ids(ep.messages, ep.tools), SOURCE_PROMPT)  # with render.assistant_prefix
     if ended:
         ep.termination = "done"
@@ -316,7 +362,7 @@ def _record_turn(tok: Any, renderer: ChatRenderer, cfg: RolloutConfig, e: _Live,
     msg = assistant_message(parsed.content, parsed.tool_calls, parsed.errors, text)
     if renderer.config.assistant_prefix:  # recorded, so re-rendering masks it whatever the config says
         msg.extra[PREFIX_KEY] = renderer.config.assistant_prefix
-    e.messages.append(msg)
+    e.add([msg])
     e.turns += 1
     if not ended:
         e.termination = "length" if len(e.ids) < cfg.max_length else "context_overflow"
@@ -326,10 +372,20 @@ def _record_turn(tok: Any, renderer: ChatRenderer, cfg: RolloutConfig, e: _Live,
 
 def _take_step(renderer: ChatRenderer, cfg: RolloutConfig, e: _Live, msg: Message, res: StepResult) -> None:
     """Apply the environment's answer to a turn: its reward, then either the episode's end or the
-    observation tokens (from the chat-template delta) and the next generation prompt."""
+    observation tokens (from the chat-template delta) and the next generation prompt. A branch that
+    returns folds first (``_fold``)."""
     _record_reward(e, msg, res)
-    if res.observations:
-        e.messages.extend(res.observations)
+    event = _fold_event(e, res)
+    if event == "branch":  # the branch call stays in the main context; what follows is the branch's
+        call = (msg.tool_calls or [None])[0]
+        e.branch = _Branch(k=e.folds, ids_at=len(e.ids), messages_at=len(e.messages),
+                           call_id=call.id if call else "", name=call.name if call else "branch")
+        e.folds += 1
+    if event == "return":
+        obs = [_fold(e, res)]
+    else:
+        obs = list(res.observations)
+    e.add(obs)
     if res.termination and res.termination != "done":
         e.termination = res.termination
         e.error = str(res.info.get("error")) if res.info.get("error") else None
@@ -340,7 +396,7 @@ def _take_step(renderer: ChatRenderer, cfg: RolloutConfig, e: _Live, msg: Messag
     if e.turns >= cfg.max_turns:
         e.termination = "max_turns"
         return
-    n_prev = len(e.messages) - len(res.observations)
+    n_prev = len(e.messages) - len(obs)
     try:
         obs_ids = renderer.encode(renderer.observation_text(e.messages, e.tools, n_prev))
     except RenderError as err:
@@ -348,10 +404,71 @@ def _take_step(renderer: ChatRenderer, cfg: RolloutConfig, e: _Live, msg: Messag
         return
     e.extend(obs_ids, SOURCE_ENV)
     _inject_prefix(renderer, e)
+    if cfg.mask_observations_at and len(e.ids) > cfg.mask_observations_at and e.branch is None:
+        try:
+            _mask_observations(renderer, e, n_prev)
+        except RenderError as err:
+            e.termination, e.error = "env_error", str(err)
+            return
     if cfg.snapshots:
         e.snapshots.append((e.env.snapshot(), list(e.tools)))
     if len(e.ids) >= cfg.max_length:
         e.termination = "context_overflow"
+
+
+def _fold_event(e: _Live, res: StepResult) -> str | None:
+    """``branch`` or ``return`` when a folding environment reports one (``info["fold"]``) that applies."""
+    if res.info.get("fold_error"):
+        e.fold_errors += 1
+    fold = res.info.get("fold")
+    event = fold.get("event") if isinstance(fold, dict) else None
+    if event == "branch" and e.branch is None:
+        return "branch"
+    if event == "return" and e.branch is not None:
+        return "return"
+    return None
+
+
+def _fold(e: _Live, res: StepResult) -> Message:
+    """Close the branch: its context (up to the ``return`` call) becomes a training row, the active
+    context goes back to the branch point (the KV cache too, without recomputing it), and the
+    environment's answer to ``return`` (the summary) answers the branch call instead. Returns that
+    summary message."""
+    b = e.branch
+    assert b is not None
+    e.close_row(trained_from=b.ids_at)
+    e.truncate(b.ids_at)
+    del e.messages[b.messages_at:]
+    e.cache = _rolled_back(e.cache, b.ids_at)
+    e.branch = None
+    first = res.observations[0] if res.observations else Message(role="user", content="")
+    answer = {"tool_call_id": b.call_id, "name": b.name} if first.role == "tool" else {}
+    return first.model_copy(update={**answer, "extra": {**first.extra, FOLD_KEY: {"summary": b.k}}})
+
+
+def _rolled_back(cache: Any, n: int) -> Any:
+    """The first ``n`` tokens' keys and values (views: nothing is recomputed or copied); None (the
+    next turn encodes the context afresh) for a cache that cannot be cut, such as a server's."""
+    if isinstance(cache, RowCache) and cache.n >= n:
+        return RowCache([(k[:, :, :n], v[:, :, :n]) for k, v in cache.layers], n)
+    return None
+
+
+def _mask_observations(renderer: ChatRenderer, e: _Live, n_latest: int) -> None:
+    """The observation-masking baseline: every tool result before the latest step's becomes
+    ``MASKED_TEXT``; the context so far closes as a training row, and the masked one, re-encoded,
+    goes on as prompt tokens (the model did not sample its turns in this context)."""
+    masked = [m.model_copy(update={"content": MASKED_TEXT}) if m.role == "tool" and i < n_latest
+              and m.content != MASKED_TEXT else m for i, m in enumerate(e.messages)]
+    if all(a is b for a, b in zip(masked, e.messages)):
+        return
+    prompt = renderer.prompt_ids(masked, e.tools)
+    e.close_row(trained_from=0)
+    e.messages = masked
+    e.truncate(0)
+    e.cache = None
+    e.extend(prompt, SOURCE_PROMPT)
+    _inject_prefix(renderer, e)
 
 
 def _record_reward(e: _Live, msg: Message, res: StepResult) -> None:
@@ -371,23 +488,28 @@ def _record_reward(e: _Live, msg: Message, res: StepResult) -> None:
 
 
 def _own_turn_rewards(e: _Live) -> list[float]:
-    rewards = [float(m.reward or 0.0) for m in e.messages if m.role == "assistant"]
+    rewards = [float(m.reward or 0.0) for m in e.log if m.role == "assistant"]
     return rewards[len(rewards) - e.turns:] if e.turns else []
 
 
 def _finish(e: _Live) -> Episode:
     success = bool(e.env.success()) if e.termination == "done" else False
-    final = next((m.text() for m in reversed(e.messages) if m.role == "assistant" and not m.tool_calls), None)
+    final = next((m.text() for m in reversed(e.log) if m.role == "assistant" and not m.tool_calls), None)
+    fold: dict[str, Any] = {}
+    if e.folds or e.fold_errors or e.rows or getattr(e.env, "folds_context", False):
+        fold = {"folds": e.folds, "fold_errors": e.fold_errors, "rows": len(e.rows) + 1,
+                **({"unreturned_branch": True} if e.branch is not None else {})}
     traj = Trajectory(
         id=e.task.id,
-        messages=e.messages,
+        messages=e.log,
         tools=e.tools,
         reward=e.reward,
         outcome=Outcome(success=success, final_answer=final, termination=e.termination),
         metadata={"env": e.env.name, "seed": e.task.seed, "split": e.task.split, "turns": e.turns,
                   "format_errors": e.format_errors, **({"error": e.error} if e.error else {}),
                   **({"reward_info": e.reward_info} if e.reward_info else {}),
-                  **({"feedback": e.feedback} if e.feedback is not None else {})},
+                  **({"feedback": e.feedback} if e.feedback is not None else {}),
+                  "peak_context": e.peak, **fold},
     )
     tt = TokenTrajectory(
         ids=e.ids, source=e.source, turn=e.turn,
@@ -398,7 +520,11 @@ def _finish(e: _Live) -> Episode:
               "turn_rewards": _own_turn_rewards(e)},
     )
     tt.check()
-    if any(math.isnan(x) for x in e.logprobs):
+    for r in e.rows:  # a closed context ends as its episode did
+        r.reward, r.success, r.termination = e.reward, success, e.termination
+        r.meta = {"turns": e.turns, "closed_row": True}
+        r.check()
+    if any(math.isnan(x) for x in e.logprobs) or any(math.isnan(x) for r in e.rows for x in r.logprobs or []):
         raise FloatingPointError("NaN log-probability during rollout")
     return Episode(trajectory=traj, tokens=tt, format_errors=e.format_errors, turns=e.turns, task=e.task,
-                   snapshots=e.snapshots)
+                   snapshots=e.snapshots, rows=e.rows)

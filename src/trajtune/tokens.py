@@ -13,6 +13,9 @@ from typing import Any
 
 SOURCE_PROMPT, SOURCE_POLICY, SOURCE_ENV, SOURCE_PAD = 0, 1, 2, 3
 SOURCE_NAMES = {SOURCE_PROMPT: "prompt", SOURCE_POLICY: "policy", SOURCE_ENV: "env", SOURCE_PAD: "pad"}
+#: ``meta`` key of an episode's other rows: contexts that left its active one (a returned branch of
+#: context folding, the context before observation masking), each a TokenTrajectory of its own.
+CLOSED_ROWS = "closed_rows"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trajtune.folding import expand_folds_indexed, is_folded
 from trajtune.formats import ConversionError, FormatDetectionError, detect_format, get_format, too_deep
 from trajtune.formats._io import DEFAULT_MAX_LINE_BYTES, is_blank, iter_json_lines
 from trajtune.schema import (
@@ -311,6 +312,9 @@ def validate_trajectory(traj: Trajectory, *, file: str | None = None, line: int 
     ``check_strings`` walks every string for lone surrogates (E240); file validation does that on
     the raw record instead, where the JSON path is more useful, and turns it off here.
     """
+    if is_folded(traj) and "fold_row" not in traj.metadata:
+        return _folded_findings(traj, file=file, line=line, export_format=export_format, sft=sft,
+                                check_strings=check_strings)
     out: list[Finding] = []
     base = {"file": file, "line": line, "trajectory_id": traj.id}
     if check_strings:
@@ -378,6 +382,24 @@ def validate_trajectory(traj: Trajectory, *, file: str | None = None, line: int 
         out.append(_finding("W252", "trajectory has no messages", **base))
     elif sft and traj.messages[-1].role != "assistant":
         out.append(_finding("W252", f"last message is {traj.messages[-1].role}", **{**base, "message_index": len(traj.messages) - 1}))
+    return out
+
+
+def _folded_findings(traj: Trajectory, **kwargs: Any) -> list[Finding]:
+    """A folded record (context folding, ``trajtune.folding``) answers each branch call twice by
+    design, once in the branch and once with the summary in the folded context: each row it trains
+    as is a conversation of its own, so each row is checked, and findings point at the record's
+    messages (each once)."""
+    out: list[Finding] = []
+    seen: set[tuple[str, int | None, str]] = set()
+    for row, index in expand_folds_indexed(traj):
+        for f in validate_trajectory(row, **kwargs):
+            if f.message_index is not None:
+                f.message_index = index[f.message_index]
+            key = (f.rule, f.message_index, f.message)
+            if key not in seen:
+                seen.add(key)
+                out.append(f)
     return out
 
 

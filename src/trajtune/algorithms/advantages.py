@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 
 from trajtune.algorithms.episode_transforms import mark_nonfinite_rewards
-from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
+from trajtune.tokens import CLOSED_ROWS, SOURCE_POLICY, TokenTrajectory
 
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
 
@@ -114,6 +114,7 @@ def assign_advantages(tts: list[TokenTrajectory], estimator: Estimator = "grpo",
     for t in kept:
         a = scalar[id(t)]
         t.advantages = [a if s == SOURCE_POLICY else 0.0 for s in t.source]
+        t.meta["episode_advantage"] = a
     return kept, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal),
                   "nonfinite_rewards": float(n_nonfinite),
                   "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
@@ -177,3 +178,26 @@ def assign_turn_advantages(tts: list[TokenTrajectory], estimator: Estimator = "g
     return tts, {"groups": float(len(groups)), "equal_reward_groups": float(n_equal),
                  "nonfinite_rewards": float(n_nonfinite),
                  "masked_episodes": float(sum(1 for t in tts if t.meta.get("masked")))}
+
+
+def with_closed_rows(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    """Each episode's closed rows (``CLOSED_ROWS``: folded branches, contexts before observation
+    masking) join the batch right after it, in its group, with its episode-level advantage on their
+    trained tokens. After the advantages: a closed row is part of its episode, not another sample
+    of the group, so it must not count in the baseline."""
+    out: list[TokenTrajectory] = []
+    n = 0
+    for t in tts:
+        out.append(t)
+        rows = t.meta.pop(CLOSED_ROWS, None) or []
+        if rows and "episode_advantage" not in t.meta:
+            raise ValueError("closed rows (context folding, observation masking) train with episode-level "
+                             "advantages only; set rl.credit: episode")
+        for r in rows:
+            a = float(t.meta["episode_advantage"])
+            r.group = t.group
+            r.advantages = [a if s == SOURCE_POLICY and w > 0 else 0.0 for s, w in zip(r.source, r.weight)]
+            r.meta = {**r.meta, "masked": t.meta.get("masked", False), "episode_advantage": a}
+            out.append(r)
+            n += 1
+    return out, ({"closed_rows": float(n)} if n else {})

@@ -267,6 +267,10 @@ def _pair_rows(pid: str, chosen: Any, rejected: Any, first_turn_only: bool = Fal
         tt = e.tokens
         if tt is None:
             return []
+        if getattr(e, "rows", None):
+            raise ValueError("DPO pairs one row per episode, and this episode trains as several (its contexts were "
+                             "folded by the fold environment wrapper, or masked by rollout.mask_observations_at); "
+                             "use RL or RFT with such episodes")
         weight = [w if not first_turn_only or (s == 1 and t == 0) else 0.0
                   for w, s, t in zip(tt.weight, tt.source, tt.turn)]
         rows.append(TokenTrajectory(ids=list(tt.ids), source=list(tt.source), turn=list(tt.turn), weight=weight,

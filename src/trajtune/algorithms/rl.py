@@ -27,6 +27,7 @@ from trajtune.algorithms.advantages import (
     assign_turn_advantages,
     groups_of,
     is_informative,
+    with_closed_rows,
 )
 from trajtune.algorithms.curriculum import Curriculum, CurriculumSpec
 from trajtune.algorithms.episode_transforms import (
@@ -59,6 +60,7 @@ from trajtune.algorithms.value import (
     hidden_size,
 )
 from trajtune.config import EnvRunBase, TrainSpec, _C
+from trajtune.envs.adapters.fold import folds
 from trajtune.envs.adapters.openai_policy import endpoint_policy
 from trajtune.envs.registry import make_env
 from trajtune.errors import ConfigError, ServerError
@@ -335,7 +337,7 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
         per_round.append(penalise)
     if drop_equal_groups:
         per_round.append(informative)
-    per_batch: list[Transform] = [advantages]
+    per_batch: list[Transform] = [advantages, with_closed_rows]
     if ref_model is not None:
         per_batch.append(reference)
     return per_round, per_batch
@@ -359,6 +361,10 @@ def _prepare(cfg: RLRunConfig, ctx: RunContext) -> Any:
     env = make_env(cfg.env.name, **cfg.env.kwargs)  # fail fast on an unknown environment (EnvError)
     if cfg.rl.train_turns != "all":
         check_retry_env(env, cfg.rl.train_turns)
+    if cfg.rl.credit != "episode" and (folds(env) or cfg.rollout.mask_observations_at):
+        why = "the fold environment wrapper" if folds(env) else "rollout.mask_observations_at"
+        raise ConfigError(f"rl.credit: {cfg.rl.credit} with {why}: an episode then trains as several rows (each "
+                          "context it sampled in), which carry the episode-level advantage only; set rl.credit: episode")
     if cfg.rl.reward is not None:
         RewardComposer(cfg.rl.reward)  # a plug-in that does not import is refused before anything is written
     if cfg.rl.turn_judge is not None and cfg.rl.turn_judge.judge.startswith("openai:"):

@@ -41,6 +41,7 @@ from trajtune.chat.templates import (
     template_source,
 )
 from trajtune.chat.tool_formats import FALLBACK_ORDER, TOOL_FORMATS, ToolFormat
+from trajtune.folding import expand_folds, is_folded
 from trajtune.schema import Message, ToolCall, ToolSpec, Trajectory
 from trajtune.settings import setting
 
@@ -828,7 +829,11 @@ class ChatRenderer:
     def render_samples(self, traj: Trajectory, include_untrained: bool = False) -> list[TokenTrajectory]:
         """Training samples for ``traj``: ``[render(traj)]`` where the template is prefix-stable;
         otherwise, with ``non_prefix: split``, one sample per assistant turn (``render_split``),
-        and with ``non_prefix: error`` a ``NonPrefixError``. Never a silently mis-masked sequence."""
+        and with ``non_prefix: error`` a ``NonPrefixError``. Never a silently mis-masked sequence.
+        A folded record (context folding) renders as its rows, each context it was sampled in
+        (``folding.expand_folds``)."""
+        if is_folded(traj) and "fold_row" not in traj.metadata:
+            return [s for row in expand_folds(traj) for s in self.render_samples(row, include_untrained)]
         try:
             return [self.render(traj)]
         except NonPrefixError:

@@ -113,6 +113,10 @@ _MaxNewTokensOpt = Annotated[int, typer.Option(help="Token limit per assistant t
 _MaxLengthOpt = Annotated[Optional[int], typer.Option(
     help="Token limit per episode. Default: the model's context length; a larger value is clamped to it "
          "(with a warning).")]
+_MaskObsOpt = Annotated[int, typer.Option(
+    "--mask-observations-at", help="Observation masking, the baseline of context folding: when the active "
+                                   "context passes this many tokens, every tool result but the latest becomes a "
+                                   "placeholder (0: off; docs/envs.md, fold).")]
 _BatchSizeOpt = Annotated[int, typer.Option(help="Episodes generated together.")]
 _ParserOpt = Annotated[str, typer.Option(help="Tool-call parser; auto = the one of the render tool format.")]
 _TemplateOpt = Annotated[Optional[Path], typer.Option(
@@ -183,6 +187,7 @@ def eval_(
     max_turns: _MaxTurnsOpt = None,
     max_new_tokens: _MaxNewTokensOpt = 256,
     max_length: _MaxLengthOpt = None,
+    mask_observations_at: _MaskObsOpt = 0,
     batch_size: _BatchSizeOpt = 16,
     parser: _ParserOpt = "auto",
     template: _TemplateOpt = None,
@@ -223,6 +228,7 @@ def eval_(
     Example: trajtune eval --model runs/lora-sft/final --env home --tasks 50 --bayes-lora 8   (uncertainty per turn)
     Example: trajtune eval --model runs/demo/sft/final --env home --suite safety --tasks 40 --out runs/eval-safety
     Example: trajtune eval --model runs/demo/sft/final --env safety --assistant-prefix-file runs/ping/ping.json --out runs/eval-ping
+    Example: trajtune eval --model runs/fold/sft/final --env fold --env-arg env=home --env-arg kwargs='{"chores": 8}' --max-length 2048   (context folding)
     """
     from trajtune.eval.run import run_eval  # imports torch; kept off the CLI's start-up
 
@@ -235,12 +241,13 @@ def eval_(
         env_kwargs=env_kwargs, tasks=64 if n_tasks is None else n_tasks, split=split, limit=limit, n=n, ks=k or [1],
         temperature=temperature, top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
-        workers=workers, template=str(template) if template else None, render=render,
+        mask_observations_at=mask_observations_at, workers=workers, template=str(template) if template else None, render=render,
         judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
         judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora, suite=suite, refusal_judge=refusal_judge),
         experiences)
     backend = _endpoint_backend(settings, endpoint_model, temperature, workers,
-                                prompt_options=template is not None or bool(set_) or prefix is not None)
+                                prompt_options=template is not None or bool(set_) or prefix is not None
+                                or mask_observations_at > 0)
     results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet, backend=backend)
     _write_results(results, out, quiet, report)
 
@@ -285,8 +292,8 @@ def _endpoint_backend(settings: EvalSettings, endpoint_model: str, temperature: 
     from trajtune.eval.backends import endpoint_backend
 
     if prompt_options:
-        raise UsageError("--template, --set render.* and --assistant-prefix(-file) shape the prompt of a local "
-                         "model; an endpoint renders its own")
+        raise UsageError("--template, --set render.*, --assistant-prefix(-file) and --mask-observations-at shape "
+                         "the prompt of a local model; an endpoint renders its own")
     settings.parser = "hermes"
     return endpoint_backend(endpoint_policy(settings.model, endpoint_model, temperature, option="--model"),
                             workers=workers)

@@ -12,6 +12,13 @@ minutes. Three task kinds of rising difficulty:
 
 Success: the target device holds the goal state, no other device changed, and the agent ended
 the episode with a final answer (no tool call).
+
+``chores: N`` (N > 1) makes a long-horizon variant: a task lists N chores on distinct devices, to do
+in order, and succeeds only when every target holds its goal and nothing else changed (about 1.7
+calls a chore, so 8 chores take some 15 steps, 30 with ``fold``'s branch and return around each).
+The expert marks each chore's messages (``extra["subtask"]``), so the ``fold`` wrapper's expert
+can fold them. ``log_lines: K`` follows every tool result with K lines of the room's sensor log, as
+real tools return more than the one line that matters: it is what fills a long episode's context.
 """
 
 from __future__ import annotations
@@ -60,6 +67,42 @@ def _other(state: str) -> str:
     return "off" if state == "on" else "on"
 
 
+def _chore(rng: random.Random, kind: str, room: str, device: str, state: dict[str, dict[str, str]],
+           taken: set[tuple[str, str]]) -> dict[str, Any]:
+    """One chore on (room, device), setting up ``state`` so that it needs a change; a copy reads a
+    device no chore touches."""
+    c: dict[str, Any] = {"kind": kind, "room": room, "device": device}
+    if kind == "set":
+        c["goal"] = rng.choice(STATES)
+        state[room][device] = _other(c["goal"])
+        c["prompt"] = f"Turn {c['goal']} the {device} in the {room}."
+    elif kind == "copy":
+        src = rng.choice([r for r in ROOMS if r != room and (r, device) not in taken])
+        state[room][device] = _other(state[src][device])
+        c.update(source_room=src, goal=state[src][device],
+                 prompt=f"Set the {device} in the {room} to match the {device} in the {src}.")
+    else:
+        c["goal"] = _other(state[room][device])
+        c["prompt"] = f"Toggle the {device} in the {room}."
+    return c
+
+
+def make_chores_task(seed: int, split: str, chores: int, kinds: list[str] | None = None) -> Task:
+    """A task of ``chores`` chores on distinct devices, listed in order (the long-horizon variant)."""
+    rng = random.Random(f"chores-{chores}-{seed}")
+    state = {r: {d: rng.choice(STATES) for d in DEVICES} for r in ROOMS}
+    pairs = [(r, d) for r in ROOMS for d in DEVICES]
+    targets = rng.sample(pairs, chores)
+    taken = set(targets)
+    items = [_chore(rng, rng.choice(kinds or KINDS), r, d, state, taken) for r, d in targets]
+    for c in items:  # a later chore's setup must not undo an earlier chore's (distinct devices: it cannot)
+        assert state[c["room"]][c["device"]] != c["goal"]
+    prompt = "Do these chores in order: " + " ".join(f"{i + 1}. {c['prompt']}" for i, c in enumerate(items))
+    data: dict[str, Any] = {"kind": "chores", "chores": items, "prompt": prompt, "initial": state,
+                            "difficulty": chores}
+    return Task(id=f"home{chores}-{split}-{seed}", seed=seed, split=split, data=data)
+
+
 def make_task(seed: int, split: str, kinds: list[str] | None = None) -> Task:
     rng = random.Random(seed)
     kind = rng.choice(kinds or KINDS)
@@ -92,11 +135,19 @@ class HomeEnv(Environment):
     max_turns = 4
     deterministic = True
 
-    def __init__(self, kinds: list[str] | None = None) -> None:
+    def __init__(self, kinds: list[str] | None = None, chores: int = 1, log_lines: int = 0) -> None:
         bad = [k for k in (kinds or []) if k not in KINDS]
         if bad:
             raise ValueError(f"unknown home task kind(s) {bad}; choose from {KINDS}")
+        if not isinstance(chores, int) or not 1 <= chores <= 16:
+            raise ValueError(f"home: chores must be an integer from 1 to 16, got {chores!r}")
+        if not isinstance(log_lines, int) or not 0 <= log_lines <= 64:
+            raise ValueError(f"home: log_lines must be an integer from 0 to 64, got {log_lines!r}")
         self.kinds = list(kinds) if kinds else list(KINDS)
+        self.chores = chores
+        self.log_lines = log_lines
+        if chores > 1:
+            self.max_turns = 3 * chores + 2
         self.task: Task | None = None
         self.state: dict[str, dict[str, str]] = {}
         self.finished = False
@@ -115,6 +166,8 @@ class HomeEnv(Environment):
             if s not in seen:
                 seen.add(s)
                 seeds.append(s)
+        if self.chores > 1:
+            return [make_chores_task(s, split, self.chores, self.kinds) for s in seeds]
         return [make_task(s, split, self.kinds) for s in seeds]
 
     def snapshot(self) -> Any:
@@ -135,6 +188,17 @@ class HomeEnv(Environment):
             messages=[Message(role="system", content=SYSTEM), Message(role="user", content=task.data["prompt"])],
             tools=list(TOOLS),
         )
+
+    def _with_log(self, call: ToolCall, text: str) -> str:
+        """``text`` and the room's sensor log (``log_lines``): the same lines every time a room is read."""
+        room = (call.arguments or {}).get("room")
+        if not self.log_lines or text.startswith("error") or self.task is None:
+            return text
+        rng = random.Random(f"log-{self.task.seed}-{room}")
+        lines = [f"{h:02d}:{rng.randrange(60):02d} {rng.choice(['temp', 'humidity', 'light', 'noise'])} "
+                 f"{rng.randrange(100)}" for h in sorted(rng.sample(range(24), min(self.log_lines, 24)))]
+        lines += [f"note {i}: {rng.randrange(1000)}" for i in range(self.log_lines - len(lines))]
+        return text + "\n" + "\n".join(lines)
 
     def _call(self, call: ToolCall) -> str:
         args = call.arguments or {}
@@ -168,7 +232,8 @@ class HomeEnv(Environment):
             self.finished = True
             ok = self.success()
             return StepResult(observations=[], reward=1.0 if ok else 0.0, done=True, info={"success": ok})
-        obs = [Message(role="tool", tool_call_id=c.id, name=c.name, content=self._call(c), origin="environment")
+        obs = [Message(role="tool", tool_call_id=c.id, name=c.name, content=self._with_log(c, self._call(c)),
+                       origin="environment")
                for c in calls]
         return StepResult(observations=obs, reward=0.0, done=False, info={})
 
@@ -176,9 +241,10 @@ class HomeEnv(Environment):
         assert self.task is not None
         d = self.task.data
         initial = d["initial"]
+        goals = {(c["room"], c["device"]): c["goal"] for c in d.get("chores", [d])}
         for r in ROOMS:
             for dev in DEVICES:
-                want = d["goal"] if (r, dev) == (d["room"], d["device"]) else initial[r][dev]
+                want = goals.get((r, dev), initial[r][dev])
                 if self.state[r][dev] != want:
                     return False
         return True
@@ -203,14 +269,19 @@ class HomeEnv(Environment):
             n += 1
             return [c]
 
-        if d["kind"] == "set":
-            act(call("set_device", room=d["room"], device=d["device"], state=d["goal"]))
-        else:
-            look = d["source_room"] if d["kind"] == "copy" else d["room"]
-            act(call("get_state", room=look, device=d["device"]))
-            seen = msgs[-1].text().rsplit(": ", 1)[1]
-            act(call("set_device", room=d["room"], device=d["device"],
-                     state=seen if d["kind"] == "copy" else _other(seen)))
+        for c in d.get("chores", [d]):
+            start = len(msgs)
+            if c["kind"] == "set":
+                act(call("set_device", room=c["room"], device=c["device"], state=c["goal"]))
+            else:
+                look = c["source_room"] if c["kind"] == "copy" else c["room"]
+                act(call("get_state", room=look, device=c["device"]))
+                seen = msgs[-1].text().splitlines()[0].rsplit(": ", 1)[1]
+                act(call("set_device", room=c["room"], device=c["device"],
+                         state=seen if c["kind"] == "copy" else _other(seen)))
+            if "chores" in d:  # the fold wrapper's expert folds each chore (envs/adapters/fold.py)
+                for m in msgs[start:]:
+                    m.extra["subtask"] = c["prompt"]
         act(None, "Done.")
         ok = self.success()
         return Trajectory(

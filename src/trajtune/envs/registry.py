@@ -24,6 +24,7 @@ from trajtune import plugins
 from trajtune.envs.adapters.experiences import WithExperiences, load_experiences
 from trajtune.envs.adapters.feedback_slot import FeedbackSlot
 from trajtune.envs.adapters.from_config import make_from_ref
+from trajtune.envs.adapters.fold import FoldEnv, FoldOptions
 from trajtune.envs.adapters.retry import RetryEnv, RetryOptions
 from trajtune.envs.adapters.simulated_user import SimulatedUser, make_user
 from trajtune.envs.base import Environment, parse_env_options
@@ -127,7 +128,14 @@ def retry(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Env
     return RetryEnv(make_env(env, **(kwargs or {})), parse_env_options(RetryOptions, "retry", options))
 
 
+def fold(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Environment:
+    """An environment (``env``, with ``kwargs``) with ``branch`` / ``return`` tools: a returned sub-task's turns
+    leave the agent's context, only its summary stays (options max_summary_chars, instructions;
+    envs/adapters/fold.py)."""
+    return FoldEnv(make_env(env, **(kwargs or {})), parse_env_options(FoldOptions, "fold", options))
+
+
 _REGISTRY.update(WORLDS)
 _REGISTRY.update(ADAPTERS)
 _REGISTRY.update(feedback_slot=feedback_slot, with_experiences=with_experiences, simulated_user=simulated_user,
-                 retry=retry)
+                 retry=retry, fold=fold)

@@ -48,8 +48,9 @@ class HFBackend:
 
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float = 0.0, top_p: float = 1.0,
                  max_new_tokens: int = 256, max_length: int = 4096, batch_size: int = 16, parser: str = "hermes",
-                 workers: int = 8, step_timeout_s: float = 30.0, renderer: Any = None):
+                 workers: int = 8, step_timeout_s: float = 30.0, renderer: Any = None, mask_observations_at: int = 0):
         self.model, self.tok = model, tokenizer
+        self.mask_observations_at = mask_observations_at
         self.renderer = renderer or ChatRenderer(tokenizer)
         self.temperature, self.top_p = temperature, top_p
         self.max_new_tokens, self.max_length, self.batch_size = max_new_tokens, max_length, batch_size
@@ -61,7 +62,8 @@ class HFBackend:
 
         return RolloutConfig(max_turns=max_turns, max_new_tokens=self.max_new_tokens, max_length=self.max_length,
                              temperature=self.temperature, top_p=self.top_p, parser=self.parser,
-                             batch_size=self.batch_size, step_timeout_s=self.step_timeout_s)
+                             batch_size=self.batch_size, step_timeout_s=self.step_timeout_s,
+                             mask_observations_at=self.mask_observations_at)
 
     def rollout(self, env_factory: Callable[[], Environment], tasks: Sequence[Task], *, max_turns: int,
                 seed: int) -> list[Trajectory]:

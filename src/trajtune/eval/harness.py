@@ -69,6 +69,7 @@ class EvalSettings:
     max_turns: int | None = None
     max_new_tokens: int = 256
     max_length: int | None = None  # None: the model's context length (trajtune.eval.run.resolve_max_length)
+    mask_observations_at: int = 0  # the observation-masking baseline of context folding (rollout.mask_observations_at)
     parser: str = "auto"
     template: str | None = None  # a chat template file replacing the tokenizer's
     render: dict[str, Any] = field(default_factory=dict)  # trajtune.config.RenderSpec keys

@@ -299,6 +299,26 @@ def summarize(episodes: Sequence[Any], ks: Sequence[int] = (1,)) -> dict[str, An
     retry = retry_summary(episodes)
     if retry is not None:
         out["retry"] = retry
+    context = context_summary(episodes)
+    if context is not None:
+        out["context"] = context
+    return out
+
+
+def context_summary(episodes: Sequence[Any]) -> dict[str, Any] | None:
+    """How large the agent's active context grew (``metadata["peak_context"]``, tokens, recorded by
+    the token-level rollout) and, with context folding, how often it folded: None when no episode
+    recorded it (message-level runs)."""
+    metas = [trajectory_of(e).metadata for e in episodes]
+    peaks = [int(m["peak_context"]) for m in metas if isinstance(m.get("peak_context"), int)]
+    if not peaks:
+        return None
+    out: dict[str, Any] = {"peak_tokens_mean": sum(peaks) / len(peaks), "peak_tokens_max": max(peaks)}
+    if any("folds" in m or "rows" in m for m in metas):
+        out.update(folds_per_episode=sum(int(m.get("folds", 0)) for m in metas) / len(metas),
+                   fold_errors=sum(int(m.get("fold_errors", 0)) for m in metas),
+                   unreturned_branches=sum(1 for m in metas if m.get("unreturned_branch")),
+                   rows_per_episode=sum(int(m.get("rows", 1)) for m in metas) / len(metas))
     return out
 
 

@@ -146,7 +146,8 @@ def run_eval(settings: Any, *, out_dir: str | Path | None = None, resume: bool =
             backend = HFBackend(model, tok, temperature=settings.temperature, top_p=settings.top_p,
                                 max_new_tokens=settings.max_new_tokens, max_length=settings.max_length,
                                 batch_size=settings.batch_size, parser=settings.parser, workers=settings.workers,
-                                step_timeout_s=settings.step_timeout_s, renderer=renderer)
+                                step_timeout_s=settings.step_timeout_s, renderer=renderer,
+                                mask_observations_at=settings.mask_observations_at)
         total = sum(len(s.tasks) for s in suites) * settings.samples
         target = settings.env or settings.benchmark
         try:
