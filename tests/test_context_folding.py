@@ -303,3 +303,34 @@ def test_the_validator_checks_each_row_of_a_folded_record():
                                                  for j, m in enumerate(rec.messages)]})
     found = [f for f in validate_trajectory(broken) if f.rule == "E211"]
     assert [f.message_index for f in found] == [i]
+
+
+def test_rl_experience_holds_every_row_and_the_loss_sees_each_sampled_token_once(tiny_dir, turns_end):
+    """RolloutSource + the RL transforms on folding episodes, then the clipped objective on the batch:
+    every row's trained tokens count once, and the loss is the same with the rows' shared prefixes
+    computed once or not."""
+    from trajtune.algorithms.batch import collate
+    from trajtune.algorithms.policy_gradient import PolicyGradientObjective
+    from trajtune.algorithms.rl import rl_transforms
+    from trajtune.experience import RolloutSource
+    from trajtune.models.loading import load_model, load_tokenizer
+
+    tok, model = load_tokenizer(str(tiny_dir)), load_model(str(tiny_dir)).double()
+    Script.count = 0
+    per_round, per_batch = rl_transforms()
+    src = RolloutSource(tok, Script, Script().tasks("train", 2), RolloutConfig(max_new_tokens=6, max_length=4000),
+                        tasks_per_step=2, group_size=2, per_round=per_round, per_batch=per_batch)
+    kept, metrics, episodes = src.sample(0, model, 0)
+    assert metrics["closed_rows"] == 8.0 and len(kept) == 12  # 4 episodes × (2 branches + the last context)
+    assert [t.group for t in kept] == ["0:0"] * 6 + ["0:1"] * 6
+    for e in episodes:
+        a = e.tokens.meta["episode_advantage"]
+        assert a != 0.0 and all(r.meta["episode_advantage"] == a for r in e.rows)
+    sampled = sum(sum(1 for s, w in zip(t.source, t.weight) if s == SOURCE_POLICY and w > 0) for t in kept)
+    obj = PolicyGradientObjective()
+    losses = []
+    for share in (False, True):
+        loss, m = obj.loss_sum(model, collate(kept, tok.pad_token_id or 0, share_prefix=share))
+        assert m["tokens"] == sampled
+        losses.append(float(loss.detach()))
+    assert losses[0] != 0.0 and losses[1] == pytest.approx(losses[0], abs=1e-9)
