@@ -21,7 +21,7 @@ table gives success and the peak active context (tokens, mean and max over episo
     python benchmarks/context_folding.py --out runs/fold-bench --table
 
 Finished stages are read back, so a killed run continues. Writes ``summary.json`` per seed and
-``benchmarks/results/context_folding.json``. A benchmark, not a test: it asserts nothing.
+``benchmarks/results/context_folding-<N>chores-<K>lines.json``. A benchmark, not a test: it asserts nothing.
 """
 
 from __future__ import annotations
@@ -148,8 +148,9 @@ def table(out: Path) -> None:
         f, o = r["sft"]["full"], r["sft"]["fold"]
         print(f"seed {r['seed']}: SFT full {f['steps']} steps of {f['batch']} in {f['wall_s']} s, "
               f"fold {o['steps']} steps of {o['batch']} in {o['wall_s']} s")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=2))
+    results = RESULTS.with_name(f"context_folding-{p['chores']}chores-{p['log_lines']}lines.json")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(rows, indent=2))
 
 
 def main() -> None:
