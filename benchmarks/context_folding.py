@@ -108,6 +108,26 @@ def _eval(d: Path, name: str, model: str, env: str, env_kwargs: dict[str, Any], 
             "folds": ctx.get("folds_per_episode"), "wall_s": round(time.time() - t0, 1)}
 
 
+def targets(eval_dir: Path) -> dict[str, int]:
+    """Why an arm fails: of its ``set_device`` calls, how many target a device the request names at
+    all (``named``) and the chore due at that point (``in_order``), counted from its episodes."""
+    import re
+
+    n = named = in_order = 0
+    for line in (eval_dir / "episodes.jsonl").open():
+        e = json.loads(line)
+        request = next(m["content"] for m in e["messages"] if m["role"] == "user")
+        chores = re.findall(r"\d+\. ([^.]*)\.", request)
+        sets = [c["arguments"] for m in e["messages"] if m["role"] == "assistant"
+                for c in m.get("tool_calls") or [] if c["name"] == "set_device"]
+        for i, a in enumerate(sets):
+            target = f"the {a.get('device')} in the {a.get('room')}"
+            n += 1
+            named += target in request
+            in_order += i < len(chores) and target in chores[i]
+    return {"set_calls": n, "named": named, "in_order": in_order}
+
+
 def run_seed(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
     d = out / f"s{seed}"
     d.mkdir(parents=True, exist_ok=True)
@@ -125,6 +145,8 @@ def run_seed(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
         "fold@budget": _eval(d, "fold-budget", folded["model"], "fold", {"env": "home", "kwargs": home},
                              p["budget"], p, seed),
     }
+    for arm, ev in summary["eval"].items():
+        ev["targets"] = targets(d / f"eval-{arm.replace('@', '-')}")
     (d / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -133,17 +155,24 @@ def table(out: Path) -> None:
     rows = [json.loads(f.read_text()) for f in sorted(out.glob("s*/summary.json"))]
     if not rows:
         raise SystemExit(f"no summary.json under {out}")
+    for r in rows:  # summaries written before the target counts existed
+        for arm, ev in r["eval"].items():
+            episodes = out / f"s{r['seed']}" / f"eval-{arm.replace('@', '-')}"
+            if "targets" not in ev and (episodes / "episodes.jsonl").exists():
+                ev["targets"] = targets(episodes)
     p = rows[0]["settings"]
     print(f"home, {p['chores']} chores, {p['log_lines']} log lines; {p['preset']} model, {p['epochs']} epochs over "
           f"{p['n_train']} expert episodes; {p['n_test']} held-out tasks; seeds {[r['seed'] for r in rows]}")
-    print(f"{'arm':<14} {'budget':>7} {'success':>15} {'peak mean':>17} {'peak max':>13}")
+    print(f"{'arm':<14} {'budget':>7} {'success':>15} {'peak mean':>17} {'peak max':>13} {'named targets':>17}")
     for arm, budget in (("full@full", p["full_length"]), ("full@budget", p["budget"]),
                         ("mask@budget", p["budget"]), ("fold@budget", p["budget"])):
         ev = [r["eval"][arm] for r in rows]
         success = " / ".join(f"{e['success']:.0%}" for e in ev)
         peak = " / ".join(f"{e['peak_mean']:.0f}" for e in ev)
         peak_max = " / ".join(str(e["peak_max"]) for e in ev)
-        print(f"{arm:<14} {budget:>7} {success:>15} {peak:>17} {peak_max:>13}")
+        named = " / ".join(f"{e['targets']['named']}/{e['targets']['set_calls']}" if "targets" in e else "-"
+                           for e in ev)
+        print(f"{arm:<14} {budget:>7} {success:>15} {peak:>17} {peak_max:>13} {named:>17}")
     for r in rows:
         f, o = r["sft"]["full"], r["sft"]["fold"]
         print(f"seed {r['seed']}: SFT full {f['steps']} steps of {f['batch']} in {f['wall_s']} s, "
