@@ -29,11 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).parent / "results" / "context_folding.json"
+RESULTS_DIR = Path(__file__).parent / "results"
 
 
 def _data(d: Path, p: dict[str, Any], seed: int) -> tuple[Path, Path, list[Any]]:
@@ -105,14 +106,13 @@ def _eval(d: Path, name: str, model: str, env: str, env_kwargs: dict[str, Any], 
     ctx = m.get("context", {})
     return {"success": m["success"], "peak_mean": ctx.get("peak_tokens_mean"), "peak_max": ctx.get("peak_tokens_max"),
             "turns": m.get("mean_turns"), "terminations": m.get("terminations"),
-            "folds": ctx.get("folds_per_episode"), "wall_s": round(time.time() - t0, 1)}
+            "folds": ctx.get("folds_per_episode"), "wall_s": round(time.time() - t0, 1),
+            "targets": targets(d / f"eval-{name}")}
 
 
 def targets(eval_dir: Path) -> dict[str, int]:
     """Why an arm fails: of its ``set_device`` calls, how many target a device the request names at
     all (``named``) and the chore due at that point (``in_order``), counted from its episodes."""
-    import re
-
     n = named = in_order = 0
     for line in (eval_dir / "episodes.jsonl").open():
         e = json.loads(line)
@@ -145,8 +145,6 @@ def run_seed(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
         "fold@budget": _eval(d, "fold-budget", folded["model"], "fold", {"env": "home", "kwargs": home},
                              p["budget"], p, seed),
     }
-    for arm, ev in summary["eval"].items():
-        ev["targets"] = targets(d / f"eval-{arm.replace('@', '-')}")
     (d / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -177,7 +175,7 @@ def table(out: Path) -> None:
         f, o = r["sft"]["full"], r["sft"]["fold"]
         print(f"seed {r['seed']}: SFT full {f['steps']} steps of {f['batch']} in {f['wall_s']} s, "
               f"fold {o['steps']} steps of {o['batch']} in {o['wall_s']} s")
-    results = RESULTS.with_name(f"context_folding-{p['chores']}chores-{p['log_lines']}lines.json")
+    results = RESULTS_DIR / f"context_folding-{p['chores']}chores-{p['log_lines']}lines.json"
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(rows, indent=2))
 
