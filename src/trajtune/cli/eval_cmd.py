@@ -241,13 +241,12 @@ def eval_(
         env_kwargs=env_kwargs, tasks=64 if n_tasks is None else n_tasks, split=split, limit=limit, n=n, ks=k or [1],
         temperature=temperature, top_p=top_p, best_of=best_of, verifier=verifier, seed=seed, max_turns=max_turns,
         max_new_tokens=max_new_tokens, max_length=max_length, parser=parser, device=device, batch_size=batch_size,
-        mask_observations_at=mask_observations_at, workers=workers, template=str(template) if template else None, render=render,
-        judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
+        mask_observations_at=mask_observations_at, workers=workers, template=str(template) if template else None,
+        render=render, judge=judge, judge_model=judge_model, judge_rubric=str(judge_rubric) if judge_rubric else None,
         judge_max_tokens=judge_max_tokens, bayes_lora=bayes_lora, suite=suite, refusal_judge=refusal_judge),
         experiences)
     backend = _endpoint_backend(settings, endpoint_model, temperature, workers,
-                                prompt_options=template is not None or bool(set_) or prefix is not None
-                                or mask_observations_at > 0)
+                                prompt_options=template is not None or bool(set_) or prefix is not None)
     results = run_eval(settings, out_dir=out, resume=resume, overwrite=overwrite, quiet=quiet, backend=backend)
     _write_results(results, out, quiet, report)
 
@@ -291,7 +290,7 @@ def _endpoint_backend(settings: EvalSettings, endpoint_model: str, temperature: 
     from trajtune.envs.adapters.openai_policy import endpoint_policy
     from trajtune.eval.backends import endpoint_backend
 
-    if prompt_options:
+    if prompt_options or settings.mask_observations_at:
         raise UsageError("--template, --set render.*, --assistant-prefix(-file) and --mask-observations-at shape "
                          "the prompt of a local model; an endpoint renders its own")
     settings.parser = "hermes"
