@@ -9,10 +9,14 @@ seconds at batch 32, left the few seconds of decoding inside its noise.) Reporte
 model FLOPs per second (2·N + attention at the mean context, ``_roofline.model_flops_per_token``)
 ÷ the measured matmul peak at M = batch, and for batch 1 the weight bytes read per second ÷ the read
 bandwidth. ``--profile`` prints torch's operator profile of decoding ``--new`` tokens at the largest batch.
-Prints a table and writes JSON. A benchmark, not a test.
+``--group N``: every prompt is continued by N rows from one cache (a GRPO group's first turn), and
+each batch is decoded both ways, interleaved: ``padded`` (every row attends to its own copy of the
+prompt's cache, ``share_prompt=False``) and ``shared`` (one copy per prompt, cascade attention,
+``trajtune.shared_prompt``). Prints a table and writes JSON. A benchmark, not a test.
 
     python benchmarks/roofline.py                 # once: this machine's limits
     python benchmarks/decode_speed.py --threads 2 --repeats 3 --profile
+    python benchmarks/decode_speed.py --threads 1 --repeats 3 --group 8 --batches 8 32 --out benchmarks/results/decode_speed_group8.json
 """
 
 from __future__ import annotations
@@ -81,51 +85,67 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=32, help="tokens sampled per row")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="print the operator profile at the largest batch")
+    ap.add_argument("--group", type=int, default=1,
+                    help="rows per prompt, continuing one cache; above 1 both layouts (padded, shared) are timed")
     ap.add_argument("--out", default="benchmarks/results/decode_speed.json")
     a = ap.parse_args()
-    model, limits, prompts, sampler = setup(a, max(a.batches))
+    if any(b % a.group for b in a.batches):
+        ap.error(f"every batch must be a multiple of --group {a.group}")
+    model, limits, prompts, sampler = setup(a, max(a.batches) // a.group)
+    layouts = {"padded": sampler}
+    if a.group > 1:
+        from trajtune.generation import CachedSampler
+
+        layouts = {"padded": CachedSampler(model, 1.0, 1.0, stop_ids=[], share_prompt=False),
+                   "shared": CachedSampler(model, 1.0, 1.0, stop_ids=[], share_prompt=True)}
     turn_seconds(sampler, prompts[:2], 4, 0)  # warm-up
-    times: dict[int, dict[str, list[float]]] = {b: {"prefill": [], "one": [], "full": []} for b in a.batches}
+    arms = [(b, lay) for b in a.batches for lay in layouts]
+    times: dict[tuple[int, str], dict[str, list[float]]] = {arm: {"prefill": [], "one": [], "full": []} for arm in arms}
     cached: dict[int, list[tuple[object, list[int]]]] = {}
     for b in a.batches:  # each row continues from its cache of all but the prompt's last token
         t0 = time.perf_counter()
         with torch.no_grad():
-            done = sampler._prefill([(None, p[:-1]) for p in prompts[:b]])
-        times[b]["prefill"].append(time.perf_counter() - t0)
-        cached[b] = [(cache, [p[-1]]) for (_, cache), p in zip(done, prompts[:b])]
+            done = sampler._prefill([(None, p[:-1]) for p in prompts[:b // a.group]])
+        for lay in layouts:
+            times[(b, lay)]["prefill"].append(time.perf_counter() - t0)
+        cached[b] = [(cache, [p[-1]]) for (_, cache), p in zip(done, prompts[:b // a.group]) for _ in range(a.group)]
     for rep in range(a.repeats):
-        for b in a.batches:
-            times[b]["one"].append(continue_seconds(sampler, cached[b], 1, rep))
-            times[b]["full"].append(continue_seconds(sampler, cached[b], a.new, rep))
+        for b, lay in arms:
+            times[(b, lay)]["one"].append(continue_seconds(layouts[lay], cached[b], 1, rep))
+            times[(b, lay)]["full"].append(continue_seconds(layouts[lay], cached[b], a.new, rep))
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = []
-    print(f"{a.model}: fncall prompts (mean {sum(map(len, prompts)) / len(prompts):.0f} tokens), {a.new} new tokens "
-          f"per row, {a.threads} threads, min of {a.repeats}")
-    print(f"{'batch':>5} {'prefill s':>10} {'decode s':>8} {'decode tok/s':>13} {'GFLOP/s':>8} {'÷ matmul peak':>14} "
-          f"{'÷ read bandwidth':>17}")
-    for b in a.batches:
-        pre, full = min(times[b]["prefill"]), min(times[b]["full"])
-        tps = b * (a.new - 1) / (full - min(times[b]["one"]))
-        ctx = sum(len(p) for p in prompts[:b]) / b + a.new / 2
+    used = [p for p in prompts[:max(a.batches) // a.group]]
+    print(f"{a.model}: fncall prompts (mean {sum(map(len, used)) / len(used):.0f} tokens), {a.group} row(s) per "
+          f"prompt, {a.new} new tokens per row, {a.threads} threads, min of {a.repeats}")
+    print(f"{'batch':>5} {'layout':>7} {'prefill s':>10} {'decode s':>8} {'decode tok/s':>13} {'GFLOP/s':>8} "
+          f"{'÷ matmul peak':>14} {'÷ read bandwidth':>17}")
+    for b, lay in arms:
+        t = times[(b, lay)]
+        pre, full = min(t["prefill"]), min(t["full"])
+        tps = b * (a.new - 1) / (full - min(t["one"]))
+        ctx = sum(len(p) for p in prompts[:b // a.group]) / (b // a.group) + a.new / 2
         gflops = tps * model_flops_per_token(model.config, int(ctx), training=False) / 1e9
-        row = {"batch": b, "prefill_s": pre, "decode_turn_s": full, "decode_tokens_per_s": tps, "gflops": gflops,
+        row = {"batch": b, "layout": lay, "prefill_s": pre, "decode_turn_s": full, "decode_tokens_per_s": tps,
+               "gflops": gflops,
                "matmul_fraction": fraction(gflops * 1e9, limits, a.threads, m=b if b in (1, 8, 32) else None),
                "bandwidth_fraction": decode_bandwidth_fraction(weight_bytes, tps, limits, a.threads, batch=b),
-               "runs": times[b]}
+               "runs": t}
         rows.append(row)
-        print(f"{b:5d} {pre:10.2f} {full:8.2f} {tps:13.1f} {gflops:8.1f} {row['matmul_fraction']:14.0%} "
+        print(f"{b:5d} {lay:>7} {pre:10.2f} {full:8.2f} {tps:13.1f} {gflops:8.1f} {row['matmul_fraction']:14.0%} "
               f"{row['bandwidth_fraction']:17.0%}")
     profile = None
     if a.profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
         with torch_profile(activities=[ProfilerActivity.CPU]) as p:
-            continue_seconds(sampler, cached[max(a.batches)], a.new, 99)
+            continue_seconds(layouts[list(layouts)[-1]], cached[max(a.batches)], a.new, 99)
         profile = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
         print(profile)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"benchmark": "decode_speed", "model": a.model, "threads": a.threads,
-                                       "new_tokens": a.new, "repeats": a.repeats, "torch": torch.__version__,
+                                       "new_tokens": a.new, "repeats": a.repeats, "group": a.group,
+                                       "torch": torch.__version__,
                                        "rows": rows, "profile": profile}, indent=1) + "\n")
     print(f"wrote {a.out}")
 

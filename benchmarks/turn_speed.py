@@ -2,10 +2,13 @@
 (``--baseline-src``, e.g. a ``git worktree`` of an older commit), interleaved A B A B in fresh
 processes: 4 `fncall` prompts x 8 samples, temperature 1, up to 96 new tokens, the model's stop
 tokens (so rows leave the batch at different steps). Prints min and median seconds and tokens/s,
-writes JSON. A benchmark, not a test.
+writes JSON. ``--share-arms``: this checkout with the prompt's cache shared by a group's samples
+(``rollout.share_prompt_cache``, default) and without, instead of another checkout. A benchmark,
+not a test.
 
     git worktree add /tmp/old 257be1d
     python benchmarks/turn_speed.py --model runs/demo-real/sft/final --baseline-src /tmp/old/src --repeats 3
+    python benchmarks/turn_speed.py --model smollm2-135m --share-arms --repeats 5 --out benchmarks/results/turn_speed_share.json
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 from pathlib import Path
 
 
-def one_turn(model_path: str, threads: int) -> dict:
+def one_turn(model_path: str, threads: int, share_prompt: bool = True) -> dict:
     import torch
 
     torch.set_num_threads(threads)
@@ -39,7 +42,7 @@ def one_turn(model_path: str, threads: int) -> dict:
         res = make_env("fncall", **kw).reset(t)
         prompts.append(r.encode(r.prompt_text(res.messages, res.tools)))
     stops = [x for x in (tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id) if x is not None]
-    sampler = CachedSampler(model, 1.0, 1.0, stops)
+    sampler = CachedSampler(model, 1.0, 1.0, stops, share_prompt=share_prompt)
     rows = [(None, list(p)) for p in prompts for _ in range(8)]
     t0 = time.perf_counter()
     out = sampler.turn(rows, [96] * len(rows), seed=11)
@@ -54,20 +57,26 @@ def main() -> None:
     ap.add_argument("--baseline-src", default=None, help="another checkout's src/ to compare with")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--share-arms", action="store_true",
+                    help="compare this checkout with and without the shared prompt cache")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-share", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="benchmarks/results/turn_speed.json")
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(one_turn(a.model, a.threads)))
+        print(json.dumps(one_turn(a.model, a.threads, share_prompt=not a.no_share)))
         return
     here = str(Path(__file__).resolve().parents[1] / "src")
-    arms = {"this checkout": here} | ({"baseline": a.baseline_src} if a.baseline_src else {})
+    if a.share_arms:
+        arms = {"shared prompt cache": (here, []), "a copy per sample": (here, ["--no-share"])}
+    else:
+        arms = {"this checkout": (here, [])} | ({"baseline": (a.baseline_src, [])} if a.baseline_src else {})
     runs: dict[str, list[dict]] = {k: [] for k in arms}
     for _ in range(a.repeats):
-        for name, src in arms.items():
+        for name, (src, extra) in arms.items():
             env = {**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": str(a.threads)}
-            p = subprocess.run([sys.executable, __file__, "--worker", "--model", a.model, "--threads", str(a.threads)],
-                               env=env, capture_output=True, text=True, check=True)
+            p = subprocess.run([sys.executable, __file__, "--worker", "--model", a.model, "--threads", str(a.threads),
+                                *extra], env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
     print("| arm | min s | median s | tokens | tokens/s (median) |\n|---|---|---|---|---|")
     table = {}
@@ -75,7 +84,8 @@ def main() -> None:
         secs = [r["seconds"] for r in rs]
         med = statistics.median(secs)
         table[name] = {"min_s": min(secs), "median_s": med, "tokens": rs[0]["tokens"],
-                       "tokens_per_s": rs[0]["tokens"] / med, "runs": rs, "src": arms[name]}
+                       "tokens_per_s": rs[0]["tokens"] / med, "runs": rs, "src": arms[name][0],
+                       "flags": arms[name][1]}
         print(f"| {name} | {min(secs):.2f} | {med:.2f} | {rs[0]['tokens']} | {rs[0]['tokens'] / med:.1f} |")
     Path(a.out).write_text(json.dumps({"model": a.model, "threads": a.threads, "arms": table}, indent=1) + "\n")
     print(f"wrote {a.out}")

@@ -402,7 +402,7 @@ class VLLMSpec(_C):
 
 _RolloutSpecFields = runtime_section("RolloutSpec", RolloutConfig, [
     "max_turns", "max_new_tokens", "max_length", "temperature", "top_p", "parser", "batch_size", "step_timeout_s",
-    "reuse_kv_cache", "mask_observations_at",
+    "reuse_kv_cache", "share_prompt_cache", "mask_observations_at",
     ("ray", RaySpec | None, Field(None, description="run the environments in Ray worker actors (docs/envs.md, "
                                                     "Rollout workers on Ray); generation stays in the learner")),
     ("server", ServerSpec | None, Field(
@@ -446,8 +446,8 @@ class RolloutSpec(_RolloutSpecFields):
         if self.server is not None:
             raise ValueError("rollout.vllm with rollout.server: use one of them (vLLM in the learner's process, or "
                              "a generation server)")
-        if "reuse_kv_cache" in self.non_default():
-            raise ValueError("rollout.reuse_kv_cache does nothing with rollout.vllm (vLLM keeps its own prefix "
+        for key in {"reuse_kv_cache", "share_prompt_cache"} & self.non_default():
+            raise ValueError(f"rollout.{key} does nothing with rollout.vllm (vLLM keeps its own prefix "
                              "cache); remove it")
         if self.temperature > 2:
             raise ValueError(f"rollout.temperature {self.temperature} with rollout.vllm: vLLM samples at "
@@ -468,8 +468,15 @@ class RolloutSpec(_RolloutSpecFields):
             return self
         if self.ray is not None:
             raise ValueError("rollout.server with rollout.ray is not supported: use one of them")
-        if "reuse_kv_cache" in self.non_default():
-            raise ValueError("rollout.reuse_kv_cache does nothing with rollout.server (the server samples); remove it")
+        for key in {"reuse_kv_cache", "share_prompt_cache"} & self.non_default():
+            raise ValueError(f"rollout.{key} does nothing with rollout.server (the server samples); remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _cache_combinations(self) -> "RolloutSpec":
+        if not self.reuse_kv_cache and "share_prompt_cache" in self.non_default():
+            raise ValueError("rollout.share_prompt_cache: false does nothing with rollout.reuse_kv_cache: false "
+                             "(generate() keeps no cache to share); remove it")
         return self
 
 

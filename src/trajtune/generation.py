@@ -11,6 +11,8 @@ that has finished keeps being computed until the longest row is done. Here:
   first prompts share (system prompt, tools) once for all;
 - decoding runs the live rows as one batch, their caches left-aligned with padding that the
   attention mask hides and explicit position ids, so every row sees exactly its own tokens;
+- rows that continue one cache (a GRPO group's first turn: the same prompt, encoded once) decode
+  against that one copy instead (``shared_prompt``: cascade attention), not a copy per row;
 - a row that ends its turn leaves the batch at once (its cache is cut out), so finished rows cost
   nothing;
 - per step only the sampled token's log-probability is kept (at the sampling temperature, before
@@ -30,21 +32,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-Layers = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-@dataclass
-class RowCache:
-    """One episode's keys and values for its first ``n`` tokens."""
-
-    layers: Layers
-    n: int
-
+from trajtune.kv_cache import Layers, RowCache, buffer_layer_class
+from trajtune.shared_prompt import SharedPromptBatch, worth_sharing
 
 def _core(model: Any) -> Any:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -76,51 +69,6 @@ def supports(model: Any) -> bool:
 #: Architectures whose attention is plain causal self-attention with rotary or learned positions
 #: taken from ``position_ids``, checked against ``generate`` by the tests (tiny Qwen2 and Llama).
 SUPPORTED_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "smollm3", "phi3", "olmo2", "granite"})
-
-
-def _buffer_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    class BufferLayer(DynamicLayer):
-        """A cache layer that writes new keys/values into preallocated room instead of concatenating
-        (which copies the whole cache at every decoding step)."""
-
-        def __init__(self, k: torch.Tensor, v: torch.Tensor, n: int):
-            super().__init__()
-            self._k, self._v, self.n = k, v, n
-            self.device, self.is_initialized = k.device, True
-            self._views()
-
-        def _views(self) -> None:
-            self.keys, self.values = self._k[:, :, :self.n], self._v[:, :, :self.n]
-
-        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-            m = key_states.shape[-2]
-            if self.n + m > self._k.shape[-2]:  # out of room: grow (doubling)
-                cap = max(2 * self._k.shape[-2], self.n + m)
-                k = self._k.new_zeros((*self._k.shape[:2], cap, self._k.shape[-1]))
-                v = self._v.new_zeros((*self._v.shape[:2], cap, self._v.shape[-1]))
-                k[:, :, :self.n], v[:, :, :self.n] = self.keys, self.values
-                self._k, self._v = k, v
-            self._k[:, :, self.n:self.n + m] = key_states
-            self._v[:, :, self.n:self.n + m] = value_states
-            self.n += m
-            self._views()
-            return self.keys, self.values
-
-        def compact(self, moves: list[tuple[int, int]], rows: int, trim: int) -> None:
-            """Keep the first ``rows`` rows after copying row ``src`` into slot ``dst`` for each
-            ``(dst, src)`` of ``moves``, and drop ``trim`` leading positions (padding all of them
-            have). Only the moved rows are copied: the rest is a view of the same buffer."""
-            for dst, src in moves:
-                self._k[dst] = self._k[src]
-                self._v[dst] = self._v[src]
-            self._k, self._v = self._k[:rows, :, trim:], self._v[:rows, :, trim:]
-            self.n -= trim
-            self._views()
-
-    return BufferLayer
 
 
 def _right_aligned(rows: list[RowCache | None], width: int, room: int = 0) -> Layers:
@@ -166,17 +114,18 @@ def carried_sampler(model: Any) -> Callable[..., Any] | None:
 
 
 def sampler_for(model: Any, tokenizer: Any, *, temperature: float, top_p: float, stop_ids: list[int],
-                reuse_cache: bool = True) -> Any | None:
+                reuse_cache: bool = True, share_prompt: bool = True) -> Any | None:
     """How ``model``'s turns are sampled: the model's own sampler (``carried_sampler``), else the
     cached sampler when ``reuse_cache`` and the model's layers allow it (``supports``), else None:
-    the caller decodes with ``generate`` (``rollout._generate``)."""
+    the caller decodes with ``generate`` (``rollout._generate``). ``share_prompt``: the cached sampler
+    decodes a prompt's samples against one copy of its cache (``shared_prompt``)."""
     own = carried_sampler(model)
     if own is not None:
         sampler = own(model, tokenizer, temperature, top_p, stop_ids)
         if sampler is not None:
             return sampler
     if reuse_cache and supports(model):
-        return CachedSampler(model, temperature, top_p, stop_ids)
+        return CachedSampler(model, temperature, top_p, stop_ids, share_prompt=share_prompt)
     return None
 
 
@@ -207,8 +156,10 @@ def _prefill_groups(items: list[tuple[RowCache | None, list[int]]], budget: int)
 class CachedSampler:
     """Samples one assistant turn for many episodes, each continuing from its own cache."""
 
-    def __init__(self, model: Any, temperature: float, top_p: float, stop_ids: list[int]):
+    def __init__(self, model: Any, temperature: float, top_p: float, stop_ids: list[int],
+                 share_prompt: bool = True):
         self.model = model
+        self.share_prompt = share_prompt
         self.kw = cache_kwarg(model)
         self.temperature = temperature
         self.top_p = top_p
@@ -217,12 +168,6 @@ class CachedSampler:
         self.prefill_tokens = PREFILL_TOKENS if self.device.type == "cpu" else PREFILL_TOKENS_ACCELERATOR
 
     # -- forward passes -----------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any) -> torch.Tensor:
-        """Logits for the next token per row; ``cache`` is extended in place."""
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
-                         logits_to_keep=1, **{self.kw: cache})
-        return out.logits[:, -1, :].float()
-
     def _prefill(self, items: list[tuple[RowCache | None, list[int]]]) -> list[tuple[torch.Tensor, RowCache]]:
         """Encode each row's new tokens after its cached ones; per row the logits for what comes next
         and its extended cache. Rows go in passes of similar length (``_prefill_groups``): one pass
@@ -258,7 +203,7 @@ class CachedSampler:
         pos = torch.tensor(have, device=self.device).unsqueeze(1) + torch.arange(m, device=self.device)
         keep = sorted({n - 1 for n in news})  # the LM head only where some row's next token is predicted
         if width:  # the caches copied once, into buffers with room for the new tokens
-            buffer_layer = _buffer_layer_class()
+            buffer_layer = buffer_layer_class()
             cache = Cache(layers=[buffer_layer(k, v, width)
                                   for k, v in _right_aligned([row for row, _ in items], width, room=m)])
         else:
@@ -300,7 +245,7 @@ class CachedSampler:
         n = len(rows)
         if any(not new for _, new in rows):
             raise ValueError("a row needs at least one new token to continue from")
-        unique, which = _dedupe_first_prompts(rows)
+        unique, which = _dedupe_rows(rows)
         self._share_prompt_prefix(unique)
         done = self._prefill(unique)
         caches: list[RowCache | None] = [done[u][1] for u in which]
@@ -330,25 +275,18 @@ class CachedSampler:
                 out_lps: list[list[float]], ended: list[bool], max_new: list[int], gen: torch.Generator) -> None:
         """Sample the ``live`` rows token by token as one batch until each stops or runs out of room;
         a row that leaves has its cache cut out of the batch into ``caches`` (the lists are updated
-        in place). The caches sit right-aligned in [B, H, L + room, D] buffers, padding masked out."""
-        from transformers.cache_utils import Cache
-
-        lens = [caches[r].n for r in live]  # type: ignore[union-attr]
-        width = max(lens)
+        in place). Rows that continue a prompt cache they share (a group's first turn) decode
+        against one copy of it (``shared_prompt``); others sit in a padded batch."""
         room = max(max_new[r] for r in live)
-        buffer_layer = _buffer_layer_class()
-        layers = [buffer_layer(k, v, width) for k, v in _right_aligned([caches[r] for r in live], width, room)]
-        cache = Cache(layers=layers)
-        mask = torch.zeros((len(live), width), dtype=torch.long, device=self.device)
-        for b, m in enumerate(lens):
-            mask[b, width - m:] = 1
+        rows = [caches[r] for r in live]
+        batch: Any
+        if self.share_prompt and worth_sharing(rows):
+            batch = SharedPromptBatch(self.model, self.kw, rows, room)  # type: ignore[arg-type]
+        else:
+            batch = _PaddedBatch(self.model, self.kw, rows, room)
         cur = torch.tensor([out_ids[r][-1] for r in live], device=self.device)
         while live:
-            pos = torch.tensor(lens, device=self.device).unsqueeze(1)
-            mask = torch.cat([mask, torch.ones((len(live), 1), dtype=torch.long, device=self.device)], 1)
-            logits = self._forward(cur.unsqueeze(1), pos, mask, cache)
-            lens = [m + 1 for m in lens]
-            tok, lp = self._pick(logits, gen)
+            tok, lp = self._pick(batch.step(cur), gen)
             keep = []
             for b, r in enumerate(live):
                 t = int(tok[b])
@@ -357,23 +295,58 @@ class CachedSampler:
                 if t in self.stops:
                     ended[r] = True
                 if ended[r] or len(out_ids[r]) >= max_new[r]:  # leaves the batch: cut its cache out
-                    w = mask.shape[1]
-                    caches[r] = RowCache([(lay.keys[b:b + 1, :, w - lens[b]:].clone(),
-                                           lay.values[b:b + 1, :, w - lens[b]:].clone()) for lay in layers], lens[b])
+                    caches[r] = batch.row_cache(b)
                 else:
                     keep.append(b)
             if len(keep) < len(live):
                 if not keep:
                     break
                 order, moves = _fill_from_the_end(keep, len(live))
-                live, lens = [live[b] for b in order], [lens[b] for b in order]
-                trim = mask.shape[1] - max(lens)  # padding every remaining row has
-                for lay in layers:
-                    lay.compact(moves, len(order), trim)
-                sel = torch.tensor(order, device=self.device)
-                mask = mask.index_select(0, sel)[:, trim:]
-                tok = tok.index_select(0, sel)
+                live = [live[b] for b in order]
+                batch.compact(order, moves)
+                tok = tok.index_select(0, torch.tensor(order, device=tok.device))
             cur = tok
+
+
+class _PaddedBatch:
+    """The live rows of a decoding turn in one batch: their caches right-aligned in
+    ``[B, heads, L + room, dim]`` buffers, the padding before them hidden by the attention mask, and
+    explicit position ids, so every row sees exactly its own tokens. ``step``, ``row_cache`` and
+    ``compact`` as ``shared_prompt.SharedPromptBatch``'s."""
+
+    def __init__(self, model: Any, cache_kw: str, rows: list[RowCache | None], room: int):
+        from transformers.cache_utils import Cache
+
+        self.model, self.kw = model, cache_kw
+        self.lens = [row.n for row in rows]  # type: ignore[union-attr]
+        width = max(self.lens)
+        buffer_layer = buffer_layer_class()
+        self.layers = [buffer_layer(k, v, width) for k, v in _right_aligned(rows, width, room)]
+        self.cache = Cache(layers=self.layers)
+        self.device = self.layers[0].keys.device
+        self.mask = torch.zeros((len(rows), width), dtype=torch.long, device=self.device)
+        for b, m in enumerate(self.lens):
+            self.mask[b, width - m:] = 1
+
+    def step(self, cur: torch.Tensor) -> torch.Tensor:
+        pos = torch.tensor(self.lens, device=self.device).unsqueeze(1)
+        self.mask = torch.cat([self.mask, torch.ones((len(self.lens), 1), dtype=torch.long, device=self.device)], 1)
+        out = self.model(input_ids=cur.unsqueeze(1), position_ids=pos, attention_mask=self.mask, use_cache=True,
+                         logits_to_keep=1, **{self.kw: self.cache})
+        self.lens = [m + 1 for m in self.lens]
+        return out.logits[:, -1, :].float()
+
+    def row_cache(self, b: int) -> RowCache:
+        w, n = self.mask.shape[1], self.lens[b]
+        return RowCache([(lay.keys[b:b + 1, :, w - n:].clone(), lay.values[b:b + 1, :, w - n:].clone())
+                         for lay in self.layers], n)
+
+    def compact(self, order: list[int], moves: list[tuple[int, int]]) -> None:
+        self.lens = [self.lens[b] for b in order]
+        trim = self.mask.shape[1] - max(self.lens)  # padding every remaining row has
+        for lay in self.layers:
+            lay.compact(moves, len(order), trim)
+        self.mask = self.mask.index_select(0, torch.tensor(order, device=self.device))[:, trim:]
 
 
 def _fill_from_the_end(keep: list[int], n: int) -> tuple[list[int], list[tuple[int, int]]]:
@@ -401,20 +374,19 @@ def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def _dedupe_first_prompts(rows: list[tuple[RowCache | None, list[int]]]) -> tuple[
+def _dedupe_rows(rows: list[tuple[RowCache | None, list[int]]]) -> tuple[
         list[tuple[RowCache | None, list[int]]], list[int]]:
-    """The same first prompt (a group's) is encoded once: the distinct rows, and for each input row
-    the index of its distinct row."""
-    first: dict[tuple[int, ...], int] = {}
+    """Rows that continue the same cache (the same object, or none) with the same tokens are encoded
+    once: a group's first prompt, or a group continuing one saved state. The distinct rows, and
+    for each input row the index of its distinct row; the rows of one distinct row then share its
+    cache object, which is what lets them decode against one copy of it (``shared_prompt``)."""
+    first: dict[tuple[int, tuple[int, ...]], int] = {}
     which: list[int] = []
     unique: list[tuple[RowCache | None, list[int]]] = []
     for row, new in rows:
-        key = tuple(new) if row is None else None
-        if key is None or key not in first:
-            if key is not None:
-                first[key] = len(unique)
-            which.append(len(unique))
+        key = (id(row), tuple(new))  # id(None) for every row without a cache
+        if key not in first:
+            first[key] = len(unique)
             unique.append((row, new))
-        else:
-            which.append(first[key])
+        which.append(first[key])
     return unique, which

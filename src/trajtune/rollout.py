@@ -54,6 +54,11 @@ class RolloutConfig:
     reuse_kv_cache: bool = setting(True, description="keep each episode's KV cache across turns (encode only the "
                                                      "new tokens); false, or a model it cannot serve: generate() "
                                                      "per turn")
+    share_prompt_cache: bool = setting(True, description="decode the samples of one prompt (a GRPO group's first "
+                                                         "turn) against one copy of its KV cache, read once per "
+                                                         "step for all of them (cascade attention); false: each "
+                                                         "sample attends to its own copy (the same attention up "
+                                                         "to float rounding)")
     mask_observations_at: int = setting(0, ge=0, description="observation masking (a baseline for context folding): "
                                                            "when the active context passes this many tokens, every "
                                                            "tool result but the latest is replaced by a placeholder "
@@ -295,7 +300,7 @@ def _run_all(model: Any, tok: Any, renderer: ChatRenderer, env_factory: Callable
     round_no = 0
     if sampler is None:  # the model's own sampler, else the cached one, else None: generate() below
         sampler = sampler_for(model, tok, temperature=cfg.temperature, top_p=cfg.top_p, stop_ids=eot_ids,
-                              reuse_cache=cfg.reuse_kv_cache)
+                              reuse_cache=cfg.reuse_kv_cache, share_prompt=cfg.share_prompt_cache)
     while True:
         live = _retire_finished(live, results, progress)
         while len(live) < cfg.batch_size and next_i < len(tasks):  # refill the free places
