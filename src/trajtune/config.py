@@ -446,7 +446,7 @@ class RolloutSpec(_RolloutSpecFields):
         if self.server is not None:
             raise ValueError("rollout.vllm with rollout.server: use one of them (vLLM in the learner's process, or "
                              "a generation server)")
-        for key in {"reuse_kv_cache", "share_prompt_cache"} & self.non_default():
+        for key in sorted({"reuse_kv_cache", "share_prompt_cache"} & self.non_default()):
             raise ValueError(f"rollout.{key} does nothing with rollout.vllm (vLLM keeps its own prefix "
                              "cache); remove it")
         if self.temperature > 2:
@@ -468,7 +468,7 @@ class RolloutSpec(_RolloutSpecFields):
             return self
         if self.ray is not None:
             raise ValueError("rollout.server with rollout.ray is not supported: use one of them")
-        for key in {"reuse_kv_cache", "share_prompt_cache"} & self.non_default():
+        for key in sorted({"reuse_kv_cache", "share_prompt_cache"} & self.non_default()):
             raise ValueError(f"rollout.{key} does nothing with rollout.server (the server samples); remove it")
         return self
 
