@@ -48,6 +48,22 @@ def test_the_attention_equals_softmax_over_the_prompt_and_the_own_tokens_in_floa
     assert torch.allclose(got, want, atol=1e-12, rtol=0)
 
 
+def test_bfloat16_attention_is_computed_in_float32_and_rounded_once():
+    # scores rounded to bfloat16 before the softmax (|score| ~ 20 here: steps of 0.125) would be off by
+    # several per cent; computed in float32, only the output's own rounding (2^-8 relative) remains
+    g = torch.Generator().manual_seed(1)
+    b, heads, kv, dim, t = 4, 4, 2, 16, 5
+    q = (torch.randn(b, heads, 1, dim, generator=g) * 3).bfloat16()
+    prefix = (torch.randn(1, kv, 9, dim, generator=g).bfloat16(), torch.randn(1, kv, 9, dim, generator=g).bfloat16())
+    own_k, own_v = torch.randn(b, kv, t, dim, generator=g).bfloat16(), torch.randn(b, kv, t, dim, generator=g).bfloat16()
+    groups = PromptGroups([[prefix]], [torch.arange(b)])
+    got, _ = shared_prompt_attention(SimpleNamespace(layer_idx=0), q, own_k, own_v, None, scaling=0.25,
+                                     trajtune_shared_prompt=groups)
+    want = _reference(q.double(), [tuple(x.double() for x in prefix)], [0] * b, own_k.double(), own_v.double(), 0.25)
+    assert got.dtype == torch.bfloat16
+    assert torch.allclose(got.double(), want, rtol=2 ** -8, atol=2 ** -10)
+
+
 def test_the_attention_refuses_a_forward_that_lost_the_groups():
     q = torch.zeros(1, 2, 1, 4)
     kv = torch.zeros(1, 1, 2, 4)

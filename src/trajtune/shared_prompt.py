@@ -58,28 +58,30 @@ def shared_prompt_attention(module: Any, query: torch.Tensor, key: torch.Tensor,
     kv_heads = key.shape[1]
     per_kv = heads // kv_heads
     scale = scaling if scaling is not None else dim ** -0.5
-    q = query.reshape(b, kv_heads, per_kv, dim)  # query head h reads key head h // per_kv
-    acc = torch.promote_types(query.dtype, torch.float32)  # softmax statistics at least in float32
+    # in at least float32 throughout (as SDPA accumulates): scores rounded to bfloat16 would flip tokens
+    acc = torch.promote_types(query.dtype, torch.float32)
+    q = query.reshape(b, kv_heads, per_kv, dim).to(acc)  # query head h reads key head h // per_kv
+    key, value = key.to(acc), value.to(acc)
     # the rows' own tokens
-    s = torch.matmul(q, key.transpose(-1, -2)).to(acc) * scale  # [B, kv, per_kv, t]
+    s = torch.matmul(q, key.transpose(-1, -2)) * scale  # [B, kv, per_kv, t]
     m_own = s.amax(-1, keepdim=True)
     e = torch.exp(s - m_own)
     sum_own = e.sum(-1, keepdim=True)
-    out_own = torch.matmul(e.to(value.dtype), value).to(acc)
+    out_own = torch.matmul(e, value)
     # each prompt once, for all the rows that continue it
     m_pre, sum_pre = torch.empty_like(m_own), torch.empty_like(sum_own)
     out_pre = torch.empty_like(out_own)
     layer = module.layer_idx
     for prefix, rows in zip(groups.prefixes, groups.rows):
-        kp, vp = prefix[layer]
+        kp, vp = prefix[layer][0].to(acc), prefix[layer][1].to(acc)
         n = rows.numel()
         qg = q.index_select(0, rows).transpose(0, 1).reshape(kv_heads, n * per_kv, dim)
-        sp = torch.matmul(qg, kp[0].transpose(-1, -2)).to(acc) * scale  # [kv, n * per_kv, P]
+        sp = torch.matmul(qg, kp[0].transpose(-1, -2)) * scale  # [kv, n * per_kv, P]
         mp = sp.amax(-1, keepdim=True)
         ep = torch.exp(sp - mp)
         m_pre.index_copy_(0, rows, mp.view(kv_heads, n, per_kv, 1).transpose(0, 1))
         sum_pre.index_copy_(0, rows, ep.sum(-1, keepdim=True).view(kv_heads, n, per_kv, 1).transpose(0, 1))
-        op = torch.matmul(ep.to(vp.dtype), vp[0]).to(acc)
+        op = torch.matmul(ep, vp[0])
         out_pre.index_copy_(0, rows, op.view(kv_heads, n, per_kv, dim).transpose(0, 1))
     top = torch.maximum(m_own, m_pre)
     a_own, a_pre = torch.exp(m_own - top), torch.exp(m_pre - top)
