@@ -92,7 +92,12 @@ def _sft(d: Path, name: str, base: Path, data: Path, max_length: int, p: dict[st
     return stage
 
 
-def _eval(d: Path, name: str, model: str, env: str, env_kwargs: dict[str, Any], max_length: int,
+def _eval_dir(d: Path, arm: str) -> Path:
+    """Where an arm's evaluation is written ("full@budget" -> eval-full-budget)."""
+    return d / f"eval-{arm.replace('@', '-')}"
+
+
+def _eval(d: Path, arm: str, model: str, env: str, env_kwargs: dict[str, Any], max_length: int,
           p: dict[str, Any], seed: int, mask_at: int = 0) -> dict[str, Any]:
     from trajtune.demo_real import _eval_once
     from trajtune.eval.harness import EvalSettings
@@ -101,13 +106,13 @@ def _eval(d: Path, name: str, model: str, env: str, env_kwargs: dict[str, Any], 
                      max_new_tokens=p["max_new_tokens"], max_length=max_length, batch_size=p["n_test"],
                      mask_observations_at=mask_at)
     t0 = time.time()
-    res = _eval_once(s, d / f"eval-{name}")
+    res = _eval_once(s, _eval_dir(d, arm))
     m = res["metrics"]
     ctx = m.get("context", {})
     return {"success": m["success"], "peak_mean": ctx.get("peak_tokens_mean"), "peak_max": ctx.get("peak_tokens_max"),
             "turns": m.get("mean_turns"), "terminations": m.get("terminations"),
             "folds": ctx.get("folds_per_episode"), "wall_s": round(time.time() - t0, 1),
-            "targets": targets(d / f"eval-{name}")}
+            "targets": targets(_eval_dir(d, arm))}
 
 
 def targets(eval_dir: Path) -> dict[str, int]:
@@ -139,10 +144,10 @@ def run_seed(out: Path, p: dict[str, Any], seed: int) -> dict[str, Any]:
     summary["sft"] = {"full": full, "fold": folded}
     home = {"chores": p["chores"], "log_lines": p["log_lines"]}
     summary["eval"] = {
-        "full@full": _eval(d, "full-full", full["model"], "home", home, p["full_length"], p, seed),
-        "full@budget": _eval(d, "full-budget", full["model"], "home", home, p["budget"], p, seed),
-        "mask@budget": _eval(d, "mask-budget", full["model"], "home", home, p["budget"], p, seed, p["mask_at"]),
-        "fold@budget": _eval(d, "fold-budget", folded["model"], "fold", {"env": "home", "kwargs": home},
+        "full@full": _eval(d, "full@full", full["model"], "home", home, p["full_length"], p, seed),
+        "full@budget": _eval(d, "full@budget", full["model"], "home", home, p["budget"], p, seed),
+        "mask@budget": _eval(d, "mask@budget", full["model"], "home", home, p["budget"], p, seed, p["mask_at"]),
+        "fold@budget": _eval(d, "fold@budget", folded["model"], "fold", {"env": "home", "kwargs": home},
                              p["budget"], p, seed),
     }
     (d / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -155,7 +160,7 @@ def table(out: Path) -> None:
         raise SystemExit(f"no summary.json under {out}")
     for r in rows:  # summaries written before the target counts existed
         for arm, ev in r["eval"].items():
-            episodes = out / f"s{r['seed']}" / f"eval-{arm.replace('@', '-')}"
+            episodes = _eval_dir(out / f"s{r['seed']}", arm)
             if "targets" not in ev and (episodes / "episodes.jsonl").exists():
                 ev["targets"] = targets(episodes)
     p = rows[0]["settings"]

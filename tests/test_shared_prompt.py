@@ -148,9 +148,9 @@ def test_a_groups_rollouts_decode_against_one_prompt_copy_unless_turned_off(monk
     made = []
 
     class Counting(generation.SharedPromptBatch):
-        def __init__(self, model, kw, caches, room):
+        def __init__(self, model, kw, caches, room, config):
             made[-1] = len({id(c) for c in caches}), len(caches)
-            super().__init__(model, kw, caches, room)
+            super().__init__(model, kw, caches, room, config)
 
     monkeypatch.setattr(generation, "SharedPromptBatch", Counting)
     task = make_env("fncall", single_turn=True).tasks("train", 1, seed=0)[0]

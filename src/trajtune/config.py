@@ -446,9 +446,7 @@ class RolloutSpec(_RolloutSpecFields):
         if self.server is not None:
             raise ValueError("rollout.vllm with rollout.server: use one of them (vLLM in the learner's process, or "
                              "a generation server)")
-        for key in sorted({"reuse_kv_cache", "share_prompt_cache"} & self.non_default()):
-            raise ValueError(f"rollout.{key} does nothing with rollout.vllm (vLLM keeps its own prefix "
-                             "cache); remove it")
+        self._refuse_cache_settings("rollout.vllm (vLLM keeps its own prefix cache)")
         if self.temperature > 2:
             raise ValueError(f"rollout.temperature {self.temperature} with rollout.vllm: vLLM samples at "
                              "temperatures up to 2")
@@ -468,9 +466,14 @@ class RolloutSpec(_RolloutSpecFields):
             return self
         if self.ray is not None:
             raise ValueError("rollout.server with rollout.ray is not supported: use one of them")
-        for key in sorted({"reuse_kv_cache", "share_prompt_cache"} & self.non_default()):
-            raise ValueError(f"rollout.{key} does nothing with rollout.server (the server samples); remove it")
+        self._refuse_cache_settings("rollout.server (the server samples)")
         return self
+
+    def _refuse_cache_settings(self, sampler: str) -> None:
+        """The cached sampler's settings, changed from their defaults where another sampler samples."""
+        for key in ("reuse_kv_cache", "share_prompt_cache"):
+            if key in self.non_default():
+                raise ValueError(f"rollout.{key} does nothing with {sampler}; remove it")
 
     @model_validator(mode="after")
     def _cache_combinations(self) -> "RolloutSpec":

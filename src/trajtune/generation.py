@@ -281,7 +281,8 @@ class CachedSampler:
         rows = [caches[r] for r in live]
         batch: Any
         if self.share_prompt and worth_sharing(rows):
-            batch = SharedPromptBatch(self.model, self.kw, rows, room)  # type: ignore[arg-type]
+            batch = SharedPromptBatch(self.model, self.kw, rows, room,  # type: ignore[arg-type]
+                                      _core(self.model).config)
         else:
             batch = _PaddedBatch(self.model, self.kw, rows, room)
         cur = torch.tensor([out_ids[r][-1] for r in live], device=self.device)

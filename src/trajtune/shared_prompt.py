@@ -124,11 +124,12 @@ class SharedPromptBatch:
     ``step`` runs one token per row, ``row_cache`` is a leaving row's whole cache, ``compact`` keeps
     the rows that go on (the ``_fill_from_the_end`` moves)."""
 
-    def __init__(self, model: Any, cache_kw: str, caches: list[RowCache], room: int):
+    def __init__(self, model: Any, cache_kw: str, caches: list[RowCache], room: int, config: Any):
+        """``config``: the model's own config (under any PEFT wrapper), whose attention implementation
+        ``step`` switches."""
         from transformers.cache_utils import Cache
 
-        self.model, self.kw = model, cache_kw
-        self.config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
+        self.model, self.kw, self.config = model, cache_kw, config
         order: dict[int, int] = {}
         self.prefixes: list[RowCache] = []
         self.group: list[int] = []  # per row, its prompt's index in prefixes
