@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -49,16 +50,20 @@ def show_command(
     name: Annotated[str, typer.Argument(help="Environment name (see `trajtune envs list`).")],
     split: Annotated[str, typer.Option(help="Split of the example task: train or test.")] = "train",
     seed: Annotated[int, typer.Option(help="Seed of the example task.")] = 0,
+    env_arg: Annotated[list[str] | None, typer.Option(
+        "--env-arg", help="Environment option key=value (repeatable), as in train and eval.")] = None,
 ) -> None:
     """Describe one environment: its options, tools, reward terms, install line (plug-ins on an extra), an
     example task and the expert's solution.
 
     Example: trajtune envs show sokoban --seed 3
+    Example: trajtune envs show spec --env-arg path=calendar
     """
     # lazy: the CLI's start-up loads only the command modules, not what they run
+    from trajtune.cli.eval_cmd import _env_kwargs
     from trajtune.envs import make_env
 
-    env = make_env(name)  # an unknown name is an EnvError naming the known ones
+    env = make_env(name, **_env_kwargs(env_arg))  # an unknown name is an EnvError naming the known ones
     if split not in ("train", "test"):
         raise UsageError(f"--split must be train or test, got {split!r}")
     typer.echo(f"{name}: {env.description or _first_line(type(env).__doc__ or '')}")
@@ -133,3 +138,71 @@ def _options(name: str) -> list[str]:
             continue
         shown.append(p.name if p.default is p.empty else f"{p.name} = {p.default!r}")
     return shown
+
+
+@envs_app.command("generate")
+def generate_command(
+    specs: Annotated[list[Path] | None, typer.Argument(
+        help="Tool spec files: OpenAPI 3 (JSON or YAML), a JSON list of tools (OpenAI tools or bare "
+             "{name, description, parameters}), or an MCP tools/list answer ({\"tools\": [...]}).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write environment.json into.")] = Path("env"),
+    mcp: Annotated[str | None, typer.Option(
+        help="Read the tools of a live MCP stdio server instead, started with this command line.")] = None,
+    name: Annotated[str | None, typer.Option(help="The environment's name (default: the first spec's).")] = None,
+    check: Annotated[int, typer.Option(help="Sample tasks the self-check solves with the expert (0: none).")] = 20,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing environment.json in --out.")] = False,
+) -> None:
+    """Generate a verifiable environment from tool specs: a simulated backend with state (records the tools
+    create, read, change and delete), tasks with a starting state and goals, a verifier on the final state,
+    and a scripted expert for SFT data.
+
+    What each tool does is inferred from the spec (HTTP method and path, the tool's verb, MCP's readOnlyHint)
+    and written to environment.json for you to read and edit; `x-trajtune: {op, resource, id}` on a tool
+    overrides it. Use the result with --env spec --env-arg path=DIR (or env: {name: spec, kwargs: {path: DIR}}).
+
+    Example: trajtune envs generate api.openapi.yaml --out envs/api
+    Example: trajtune envs generate --mcp "python my_server.py" --out envs/mine
+    Example: trajtune data generate --env spec --env-arg path=envs/api --n 200 -o data/api.jsonl
+    """
+    import shlex
+
+    from trajtune.envs.spec_env import WORLD_FILE, self_check
+    from trajtune.envs.spec_read import read_mcp_server, read_spec
+    from trajtune.envs.spec_world import build_world
+    from trajtune.schema import atomic_write_text
+
+    if bool(specs) == bool(mcp):
+        raise UsageError("give spec files or --mcp COMMAND (one of the two)")
+    target = out / WORLD_FILE
+    if target.exists() and not overwrite:
+        raise UsageError(f"{target} already exists; pass --overwrite to replace it, or choose another --out")
+    if mcp:
+        tools, sources = read_mcp_server(shlex.split(mcp)), [f"mcp: {mcp}"]
+    else:
+        tools = [t for s in specs or [] for t in read_spec(s)]
+        sources = [str(s) for s in specs or []]
+    default_name = "mcp" if mcp else (specs or [Path("spec")])[0].name.split(".")[0]
+    world = build_world(tools, name or default_name, sources)
+    report = self_check(world, check) if check > 0 else None
+    if report is not None and report["expert_solved"] < report["tasks"]:
+        shown = "\n  ".join(report["failures"])
+        raise UsageError(f"the generated world fails its self-check: the expert solved {report['expert_solved']} of "
+                         f"{report['tasks']} sample tasks:\n  {shown}\nfix what environment.json infers with "
+                         "x-trajtune: {op, resource, id} on the tools named there")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(target, json.dumps(world, indent=1, ensure_ascii=False))
+    _print_world(world, report, target)
+
+
+def _print_world(world: dict[str, Any], report: dict[str, Any] | None, target: Path) -> None:
+    typer.echo(f"{world['name']}: {len(world['tools'])} tools, {len(world['resources'])} resources → {target}")
+    for t in world["tools"]:
+        idp = f" by {t['id_param']}" if t.get("id_param") else ""
+        typer.echo(f"  {t['name']:<24} {t['op']:<7} {t['resource']}{idp}")
+    for res, info in world["resources"].items():
+        typer.echo(f"  resource {res}: fields {', '.join(info['fields'])}; named by {info.get('descriptor') or '(id)'}")
+    if report is not None:
+        typer.echo(f"self-check on {report['tasks']} tasks: the expert solves {report['expert_solved']} "
+                   f"({report['mean_expert_turns']} turns on average); ending at once solves {report['idle_solved']}")
+    typer.echo(f"next: trajtune envs show spec --env-arg path={target.parent}   (or --env spec --env-arg "
+               f"path={target.parent} in data generate, train, eval)")

@@ -18,6 +18,7 @@ from trajtune.envs.memory import MemoryEnv
 from trajtune.envs.safety import SafetyEnv
 from trajtune.envs.search_qa import SearchQAEnv
 from trajtune.envs.sokoban import SokobanEnv
+from trajtune.envs.spec_env import SpecEnv
 from trajtune.envs.tictactoe import TicTacToeEnv
 from trajtune.envs.trip import TripEnv
 from trajtune.envs.workspace import WorkspaceEnv
@@ -27,6 +28,7 @@ WORLDS = {
     "home": HomeEnv, "workspace": WorkspaceEnv, "code_math": CodeMathEnv, "search_qa": SearchQAEnv,
     "bandit": BanditEnv, "tictactoe": TicTacToeEnv, "sokoban": SokobanEnv, "memory": MemoryEnv,
     "fncall": FncallEnv, "trip": TripEnv, "safety": SafetyEnv, "masked_search": MaskedSearchEnv,
+    "spec": SpecEnv,
 }
 #: The adapters a config names with a short form (``{python_tools: ...}``, ``{gym: ...}``, ``{mcp: ...}``).
 ADAPTERS = {"python_tools": python_tools, "gym": gym, "mcp": mcp}
