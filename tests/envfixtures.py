@@ -178,3 +178,29 @@ class Drift(ToolEnv):
     def restore(self, state):
         type(self).restores += 1
         super().restore(state)
+
+
+from trajtune.envs.base import Environment, ResetResult, StepResult, Task  # noqa: E402
+from trajtune.schema import Message  # noqa: E402
+
+
+class Chatter(Environment):
+    """Every turn, tool call or text, gets an observation and the episode goes on (to max_turns): for
+    multi-turn rollouts of an untrained model that writes no valid call."""
+
+    name = "chatter"
+    max_turns = 8
+    deterministic = True
+
+    def tasks(self, split, n, seed=0):
+        return [Task(f"chat-{split}-{i}", seed * 100 + i, split) for i in range(n)]
+
+    def reset(self, task):
+        self.turns = 0
+        return ResetResult([Message(role="user", content=f"Say something ({task.seed}).")], [])
+
+    def step(self, action):
+        """Reward: the text's length mod 3, halved (varies from sample to sample, so groups have advantages)."""
+        self.turns += 1
+        return StepResult([Message(role="user", content=f"noted {self.turns}", origin="environment")],
+                          reward=(len(action.text()) % 3) / 2)

@@ -30,7 +30,9 @@ from trajtune.chat.render import (
 from trajtune.envs.base import Environment, StepResult, Task
 from trajtune.envs.runner import step_batch
 from trajtune.folding import FOLD_KEY, MASKED_TEXT
+from trajtune.envs.adapters.roles import ROLE_KEY
 from trajtune.generation import RowCache, sampler_for
+from trajtune.models.adapters import DEFAULT, activate, role_adapters
 from trajtune.schema import Message, Outcome, ToolSpec, Trajectory
 from trajtune.settings import setting
 
@@ -119,6 +121,10 @@ class _Live:
     fold_errors: int = 0  # branch / return calls the environment refused
     rows: list[TokenTrajectory] = field(default_factory=list)  # closed contexts (Episode.rows)
     peak: int = 0  # the longest active context, in tokens
+    acting: str | None = None  # the role acting in the turn being generated (envs with roles)
+    turn_roles: list[str] = field(default_factory=list)  # the role of each of the policy's own turns
+    role_caches: dict[str, Any] = field(default_factory=dict)  # per role: the cache under its own adapter
+    role_rewards: dict[str, float] = field(default_factory=dict)  # info["role_rewards"], summed over steps
 
     def extend(self, ids: list[int], src: int, logprobs: list[float] | None = None) -> None:
         self.ids += ids
@@ -344,6 +350,9 @@ def _generate_turn(model: Any, tok: Any, sampler: Any, active: list[_Live], cfg:
     """One assistant turn for every live episode: (ids, log-probs, ended at end-of-turn). A sampler
     continues each episode's KV cache from its new tokens; without one, ``generate()`` re-encodes."""
     room = [min(cfg.max_new_tokens, cfg.max_length - len(e.ids)) for e in active]
+    roles = [e.env.acting_role() if hasattr(e.env, "acting_role") else None for e in active]
+    if any(r is not None for r in roles):
+        return _generate_by_role(model, tok, sampler, active, roles, room, cfg, eot_ids, round_seed)
     if sampler is None:
         return _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids, round_seed)
     outs = sampler.turn([(e.cache, e.ids[e.cache.n if e.cache else 0:]) for e in active], room, round_seed)
@@ -352,6 +361,47 @@ def _generate_turn(model: Any, tok: Any, sampler: Any, active: list[_Live], cfg:
         e.cache = cache
         gens.append((ids, lps, ended))
     return gens
+
+
+def _generate_by_role(model: Any, tok: Any, sampler: Any, active: list[_Live], roles: list[str | None],
+                      room: list[int], cfg: RolloutConfig, eot_ids: list[int],
+                      round_seed: int) -> list[tuple[list[int], list[float], bool]]:
+    """One turn of every live episode of an environment with roles: the rows of each role together,
+    with that role's LoRA adapter active when the model has one per role (``rl.role_adapters``). Each
+    episode keeps a KV cache per role (keys and values computed under one adapter are not valid under
+    another), so a role encodes only what was said since its own last turn."""
+    adapters = role_adapters(model)
+    if cfg.mask_observations_at:
+        raise ValueError("rollout.mask_observations_at is not supported with several roles per episode: masking "
+                         "re-encodes the context, which the per-role KV caches would not follow")
+    gens: list[tuple[list[int], list[float], bool] | None] = [None] * len(active)
+    try:
+        for k, role in enumerate(dict.fromkeys(roles)):
+            rows = [i for i, r in enumerate(roles) if r == role]
+            if adapters:
+                if role not in adapters:
+                    raise ValueError(f"the model has no adapter for role {role!r} (its roles: {', '.join(adapters)})")
+                activate(model, adapters[role])
+            seed = _round_seed(round_seed, k)
+            if sampler is None:
+                outs = _generate(model, tok, [active[i].ids for i in rows], [room[i] for i in rows], cfg, eot_ids,
+                                 seed)
+            else:
+                key = role or ""
+                calls = [(active[i].role_caches.get(key), active[i].ids[active[i].role_caches[key].n
+                                                                        if active[i].role_caches.get(key) else 0:])
+                         for i in rows]
+                outs = []
+                for i, (ids, lps, ended, cache) in zip(rows, sampler.turn(calls, [room[i] for i in rows], seed)):
+                    active[i].role_caches[key] = cache
+                    outs.append((ids, lps, ended))
+            for i, out in zip(rows, outs):
+                gens[i] = out
+                active[i].acting = role
+    finally:
+        if adapters:
+            activate(model, DEFAULT)
+    return gens  # type: ignore[return-value]
 
 
 def _record_turn(tok: Any, renderer: ChatRenderer, cfg: RolloutConfig, e: _Live,
@@ -367,6 +417,10 @@ def _record_turn(tok: Any, renderer: ChatRenderer, cfg: RolloutConfig, e: _Live,
     msg = assistant_message(parsed.content, parsed.tool_calls, parsed.errors, text)
     if renderer.config.assistant_prefix:  # recorded, so re-rendering masks it whatever the config says
         msg.extra[PREFIX_KEY] = renderer.config.assistant_prefix
+    if e.acting is not None:  # who wrote this turn, in an episode with roles
+        msg.extra[ROLE_KEY] = e.acting
+        e.turn_roles.append(e.acting)
+        e.acting = None
     e.add([msg])
     e.turns += 1
     if not ended:
@@ -441,6 +495,9 @@ def _fold(e: _Live, res: StepResult) -> Message:
     summary message."""
     b = e.branch
     assert b is not None
+    if e.role_caches:
+        raise ValueError("folding (branch/return) is not supported with several roles per episode: the context "
+                         "rolls back, which the per-role KV caches would not follow")
     e.close_row(trained_from=b.ids_at)
     e.truncate(b.ids_at)
     del e.messages[b.messages_at:]
@@ -490,6 +547,9 @@ def _record_reward(e: _Live, msg: Message, res: StepResult) -> None:
                 e.reward_info[str(k)] = e.reward_info.get(str(k), 0.0) + float(v)
     if isinstance(res.info.get("tools"), list) and res.info["tools"]:
         e.tools = [t if isinstance(t, ToolSpec) else ToolSpec.model_validate(t) for t in res.info["tools"]]
+    if isinstance(res.info.get("role_rewards"), dict):  # per-role rewards of an environment with roles
+        for k, v in res.info["role_rewards"].items():
+            e.role_rewards[str(k)] = e.role_rewards.get(str(k), 0.0) + float(v)
 
 
 def _own_turn_rewards(e: _Live) -> list[float]:
@@ -522,7 +582,10 @@ def _finish(e: _Live) -> Episode:
         logprobs=e.logprobs, traj_id=e.task.id, reward=e.reward, success=success, termination=e.termination,
         meta={"format_errors": e.format_errors, "turns": e.turns,
               # the reward of each of the policy's own turns (not a replayed prefix's), in turn order
-              "turn_rewards": _own_turn_rewards(e)},
+              "turn_rewards": _own_turn_rewards(e),
+              # the role of each of the policy's own turns, and per-role rewards (environments with roles)
+              **({"turn_roles": list(e.turn_roles)} if e.turn_roles else {}),
+              **({"role_rewards": dict(e.role_rewards)} if e.role_rewards else {})},
     )
     tt.check()
     for r in e.rows:  # a closed context ends as its episode did

@@ -10,6 +10,7 @@ import torch
 from trajtune.algorithms import prefix_share as ps
 from trajtune.algorithms.lm_head import ChunkTokens, HeadInput, at_least_float32, forward_kept, head_logprobs
 from trajtune.errors import DataError
+from trajtune.models.adapters import DEFAULT, activate
 from trajtune.tokens import SOURCE_PAD, SOURCE_POLICY, TokenTrajectory
 
 
@@ -84,6 +85,44 @@ def collate(tts: list[TokenTrajectory], pad_id: int, share_prefix: bool = False,
     adapters = [t.meta.get("adapter", "default") for t in tts] if any("adapter" in t.meta for t in tts) else None
     return Batch(ids, attn, src, w, old, ref, adv, rewards, b, **extra, adapters=adapters, share_prefix=share_prefix,
                  loss_chunk_tokens=loss_chunk_tokens)
+
+
+def select_rows(batch: Batch, rows: list[int]) -> Batch:
+    """The sub-batch of ``rows`` (same width; per-row fields taken along)."""
+    idx = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
+    kw = {k: (v.index_select(0, idx) if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
+    kw["size"] = len(rows)
+    kw["adapters"] = [batch.adapters[r] for r in rows] if batch.adapters is not None else None
+    return Batch(**kw)
+
+
+def merge_metrics(into: dict[str, Any], m: dict[str, Any]) -> None:
+    """Add a sub-batch's metrics: (sum, count) pairs and plain sums alike."""
+    for k, v in m.items():
+        if isinstance(v, tuple):
+            old = into.get(k, (0.0, 0.0))
+            into[k] = (old[0] + v[0], old[1] + v[1])
+        else:
+            into[k] = into.get(k, 0.0) + v
+
+
+def by_adapter(model: Any, batch: Batch, loss_sum: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``loss_sum(model, rows)`` over the rows of each adapter (``batch.adapters``) with that adapter
+    active, summed: each adapter is in the forward pass of its own rows only, so its gradient comes
+    from them alone (another adapter's rows leave it exactly zero). The default adapter is active after."""
+    adapters = batch.adapters or [DEFAULT] * batch.size
+    total: torch.Tensor | None = None
+    metrics: dict[str, Any] = {}
+    try:
+        for a in dict.fromkeys(adapters):
+            activate(model, a)
+            loss, m = loss_sum(model, select_rows(batch, [r for r, x in enumerate(adapters) if x == a]))
+            total = loss if total is None else total + loss
+            merge_metrics(metrics, m)
+    finally:
+        activate(model, DEFAULT)
+    assert total is not None
+    return total, metrics
 
 
 def token_logprobs(model: Any, batch: Batch, temperature: float = 1.0,

@@ -40,7 +40,7 @@ import torch
 from pydantic import Field, model_validator
 
 from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch
+from trajtune.algorithms.batch import Batch, by_adapter
 from trajtune.algorithms.dualtune_decode import (
     SELECTOR,
     SPEC_FILE,
@@ -187,14 +187,6 @@ def write_spec(final: Path, tool_adapters: dict[str, str], shared: bool) -> None
 
 # -- the objective ----------------------------------------------------------------------------------
 
-def _rows(batch: Batch, rows: list[int]) -> Batch:
-    idx = torch.tensor(rows, dtype=torch.long, device=batch.input_ids.device)
-    kw = {k: (v.index_select(0, idx) if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
-    kw["size"] = len(rows)
-    kw["adapters"] = [batch.adapters[r] for r in rows] if batch.adapters is not None else None
-    return Batch(**kw)
-
-
 @dataclass
 class DualTuneObjective(SFTObjective):
     """SFT's token-mean cross-entropy, each row computed with its own adapter active."""
@@ -202,27 +194,12 @@ class DualTuneObjective(SFTObjective):
     name: str = "dualtune"
 
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
-        adapters = batch.adapters or [SELECTOR] * batch.size
-        total: torch.Tensor | None = None
-        metrics: dict[str, Any] = {}
-        try:
-            for a in dict.fromkeys(adapters):
-                activate(model, a)
-                loss, m = super().loss_sum(model, _rows(batch, [r for r, x in enumerate(adapters) if x == a]))
-                total = loss if total is None else total + loss
-                for k, v in m.items():
-                    if isinstance(v, tuple):
-                        old = metrics.get(k, (0.0, 0.0))
-                        metrics[k] = (old[0] + v[0], old[1] + v[1])
-                    else:
-                        metrics[k] = metrics.get(k, 0.0) + v
-                key = "selector_ce" if a == SELECTOR else "arguments_ce"
-                old = metrics.get(key, (0.0, 0.0))
-                metrics[key] = (old[0] + m["ce"][0], old[1] + m["ce"][1])  # type: ignore[index]
-        finally:
-            activate(model, SELECTOR)
-        assert total is not None
-        return total, metrics
+        def one(model: Any, rows: Batch) -> tuple[torch.Tensor, Metrics]:
+            loss, m = SFTObjective.loss_sum(self, model, rows)
+            key = "selector_ce" if (rows.adapters or [SELECTOR])[0] == SELECTOR else "arguments_ce"
+            return loss, {**m, key: m["ce"]}
+
+        return by_adapter(model, batch, one)
 
 
 # -- the `dualtune` algorithm -----------------------------------------------------------------------

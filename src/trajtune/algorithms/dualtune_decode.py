@@ -37,32 +37,11 @@ import torch
 from trajtune.chat.call_spans import call_splits
 from trajtune.errors import DataError
 from trajtune.generation import SAMPLER_HOOK, cache_kwarg
+from trajtune.models.adapters import DEFAULT, activate, peft_model  # noqa: F401 - re-exported for dualtune
 from trajtune.models.errors import ModelLoadError
 
-SELECTOR = "default"  # peft's first adapter: what ``load_model`` loads from the final directory alone
+SELECTOR = DEFAULT  # peft's first adapter: what ``load_model`` loads from the final directory alone
 SPEC_FILE = "dualtune.json"
-
-
-def peft_model(model: Any) -> Any:
-    """The PeftModel inside whatever wraps it (accelerate, DDP)."""
-    m = model
-    while not hasattr(m, "peft_config") and hasattr(m, "module"):
-        m = m.module
-    return m
-
-
-def activate(model: Any, adapter: str) -> None:
-    """Make ``adapter`` the one in the forward pass, keeping every adapter's weights trainable (peft's
-    ``set_adapter`` freezes the others; the optimizer holds them all, and an adapter absent from the
-    forward pass gets no gradient anyway)."""
-    pm = peft_model(model)
-    if pm.active_adapter == adapter:
-        return
-    lora = [p for n, p in pm.named_parameters() if "lora_" in n]
-    trainable = any(p.requires_grad for p in lora)
-    pm.set_adapter(adapter)
-    for p in lora:
-        p.requires_grad_(trainable)
 
 
 def read_spec(path: str | Path) -> dict[str, Any] | None:

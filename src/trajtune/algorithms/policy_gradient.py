@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 
 from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch, token_logprobs
+from trajtune.algorithms.batch import Batch, by_adapter, token_logprobs
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 
@@ -76,6 +76,11 @@ class PolicyGradientObjective:
         return per_seq.sum()
 
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
+        if batch.adapters is not None:  # rows of several LoRA adapters (one per role): each with its own
+            return by_adapter(model, batch, self._loss_sum)
+        return self._loss_sum(model, batch)
+
+    def _loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         logp, _ = token_logprobs(model, batch, self.temperature)
         mask = self._mask(batch)
         loss, st = self.per_token_loss(logp, batch)

@@ -42,6 +42,7 @@ from trajtune.algorithms.gigpo import Anchor, assign_gigpo_advantages
 from trajtune.algorithms.mc_critic import MCCritic, MCCriticSpec, assign_mc_advantages
 from trajtune.algorithms.policy_gradient import PolicyGradientObjective
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.roles import add_role_adapters, load_role_adapters, split_by_role, write_roles
 from trajtune.algorithms.rewards import RewardComposer, RewardSpec
 from trajtune.algorithms.self_correction import (
     TrainTurns,
@@ -170,6 +171,10 @@ class RLSpec(_C):
                            "reflection after a failed attempt (Reflect, Retry, Reward) or only the retried attempt "
                            "(RISE); episodes without such a turn are masked (docs/algorithms.md, Trained "
                            "self-correction)")
+    role_adapters: bool = Field(
+        False, description="an environment with several roles (the roles wrapper): one LoRA adapter per role on "
+                           "one base model, each sampling its role's turns and trained only on them; every seat "
+                           "starts from the model's adapter (docs/algorithms.md, Several trained roles)")
     masked_in_baseline: bool = Field(
         False, description="count masked episodes (env errors, timeouts, non-finite rewards) in their group's "
                            "baseline; by default they are left out, since they say nothing about the policy")
@@ -273,7 +278,20 @@ class RLRunConfig(EnvRunBase):
         if self.rollout.vllm is not None and self.rl.async_rollouts:
             raise ValueError("rl.async_rollouts with rollout.vllm is not supported: the background sampler would "
                              "sample while vLLM's weights change; drop one of them")
+        if self.rl.role_adapters:
+            self._role_adapter_combinations()
         return self
+
+    def _role_adapter_combinations(self) -> None:
+        """rl.role_adapters switches adapters inside the local sampler and the learner: what cannot follow."""
+        for bad, why in ((self.rollout.server is not None, "rollout.server (the server holds one adapter)"),
+                         (self.rollout.vllm is not None, "rollout.vllm (vLLM samples with one set of weights)"),
+                         (self.train.sharding == "fsdp", "train.sharding: fsdp"),
+                         (self.rl.uses_value_head(), f"rl.credit: {self.rl.credit} with a value head"),
+                         (self.rollout.mask_observations_at > 0, "rollout.mask_observations_at (it re-encodes the "
+                                                                 "context, which the per-role KV caches do not follow)")):
+            if bad:
+                raise ValueError(f"rl.role_adapters is not supported with {why}")
 
     @field_validator("train")
     @classmethod
@@ -289,7 +307,8 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
                   temperature: float = 1.0, credit: str = "episode",
                   gamma: float = 1.0, lam: float = 1.0, value_weight: float = 0.0,
                   whiten_advantages: bool = False, step_weight: float = 1.0,
-                  anchor: Anchor = "history") -> tuple[list[Transform], list[Transform]]:
+                  anchor: Anchor = "history",
+                  roles: dict[str, str] | None = None) -> tuple[list[Transform], list[Transform]]:
     """The RL transform lists for ``RolloutSource``, in order: (per round) non-finite rewards →
     termination policy → overlong penalty → informative-group filter; (per batch) advantages →
     reference log-probs. ``credit`` picks the advantages: ``episode`` (group estimators), ``turn``
@@ -332,9 +351,14 @@ def rl_transforms(*, estimator: Estimator = "grpo", termination: dict[str, Termi
             add_ref_logprobs(ref_model, tts, pad_id, temperature)
         return tts, {}
 
+    def by_role(tts: list[TokenTrajectory]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+        return split_by_role(tts, roles or {})
+
     per_round: list[Transform] = [nonfinite, terminate]
     if overlong is not None:
         per_round.append(penalise)
+    if roles is not None:  # an environment with roles: a row and a group baseline per role
+        per_round.append(by_role)
     if drop_equal_groups:
         per_round.append(informative)
     per_batch: list[Transform] = [advantages, with_closed_rows]
@@ -431,6 +455,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     r = cfg.rl
     ro = cfg.rollout.to_config()
     env = make_env(cfg.env.name, **cfg.env.kwargs)
+    roles = _role_setup(cfg, ctx, env)
     snapshots = r.credit == "mc_critic" and not env.deterministic
     if snapshots:  # MC-Critic returns to states by snapshot: take one before every turn
         ro = replace(ro, snapshots=True)
@@ -447,7 +472,7 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
         whiten_advantages=(r.value or ValueSpec()).whiten_advantages,
         step_weight=(r.gigpo or GiGPOSpec()).step_weight, anchor=(r.gigpo or GiGPOSpec()).anchor,
         overlong=(r.overlong.max_length, r.overlong.cache) if r.overlong else None,
-        ref_model=ref, pad_id=pad_id, temperature=temperature)
+        ref_model=ref, pad_id=pad_id, temperature=temperature, roles=roles)
     composer = RewardComposer(r.reward) if r.reward is not None else None
     critic: Any = MCCritic(r.mc_critic or MCCriticSpec(), r.gamma, cfg.rollout.env_factory(cfg.env), ro, tok,
                            ctx.renderer, cfg.seed, shape=_mc_shaping(r, composer),
@@ -480,7 +505,25 @@ def _build(cfg: RLRunConfig, ctx: RunContext, prepared: Any) -> Recipe:
     return Recipe(source=source, objective=objective, micro_batch_size=cfg.train.micro_batch_size,
                   epochs=r.ppo_epochs, mini_batches=r.mini_batches, step_logs=[episodes_path],
                   shown=("reward", "success"), plot=("reward.png", ("reward", "success", "loss"), "RL"),
-                  on_weights=on_weights)
+                  on_weights=on_weights,
+                  on_final=(lambda final: write_roles(final, roles)) if roles else None)
+
+
+def _role_setup(cfg: RLRunConfig, ctx: RunContext, env: Any) -> dict[str, str] | None:
+    """{role: adapter} for an environment with roles (empty: one shared model plays every role; None: no
+    roles); with rl.role_adapters the model gets its adapters here, before the optimizer sees them."""
+    env_roles = list(getattr(env, "roles", ()) or ())
+    if cfg.rl.role_adapters and not env_roles:
+        raise ConfigError(f"rl.role_adapters: environment {cfg.env.name!r} has no roles; wrap it: env: {{name: roles, "
+                          "kwargs: {env: NAME, roles: [{name: planner, ...}, {name: executor, ...}]}}")
+    if not env_roles:
+        return None
+    if not cfg.rl.role_adapters:
+        return {}
+    try:
+        return add_role_adapters(ctx.model, env_roles, cfg.model.name_or_path)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _through_server(source: Any, client: Any, cfg: RLRunConfig, ctx: RunContext) -> tuple[Any, Any]:
@@ -505,4 +548,4 @@ def _one_step_ahead(source: Any, cfg: RLRunConfig, ctx: RunContext) -> Any:
 
 
 register_algorithm(Algorithm("rl", RLRunConfig, "online multi-turn RL (GRPO, Dr. GRPO, RLOO, REINFORCE++)",
-                             _prepare, _build))
+                             _prepare, _build, load_hook=load_role_adapters))

@@ -65,6 +65,8 @@ class Environment(ABC):
     # the names of the terms a step reports in info["reward_terms"] (reward.terms weighs them as info.NAME).
     install: str = ""
     reward_terms: tuple[str, ...] = ()
+    # Several roles acting in turn in one episode (envs/adapters/roles.py); () for one agent.
+    roles: tuple[str, ...] = ()
 
     @abstractmethod
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
@@ -77,6 +79,10 @@ class Environment(ABC):
     @abstractmethod
     def step(self, action: Message) -> StepResult:
         """Apply the assistant message (its ``tool_calls`` or final text) to the state."""
+
+    def acting_role(self) -> str | None:
+        """The role whose turn is next, in an environment with ``roles``; None with one agent."""
+        return None
 
     def splits(self) -> dict[str, int] | None:
         """Task count per split, for an environment with a fixed task set (a benchmark's task file);

@@ -26,6 +26,7 @@ from trajtune.envs.adapters.feedback_slot import FeedbackSlot
 from trajtune.envs.adapters.from_config import make_from_ref
 from trajtune.envs.adapters.fold import FoldEnv, FoldOptions
 from trajtune.envs.adapters.retry import RetryEnv, RetryOptions
+from trajtune.envs.adapters.roles import RolesEnv, RolesOptions
 from trajtune.envs.adapters.simulated_user import SimulatedUser, make_user
 from trajtune.envs.base import Environment, parse_env_options
 from trajtune.envs.builtin import ADAPTERS, WORLDS
@@ -135,7 +136,13 @@ def fold(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Envi
     return FoldEnv(make_env(env, **(kwargs or {})), parse_env_options(FoldOptions, "fold", options))
 
 
+def roles(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Environment:
+    """An environment (``env``, with ``kwargs``) acted in by several roles in turn, each with its own
+    instructions and tools (options roles: [{name, tools, prompt}], order; envs/adapters/roles.py)."""
+    return RolesEnv(make_env(env, **(kwargs or {})), parse_env_options(RolesOptions, "roles", options))
+
+
 _REGISTRY.update(WORLDS)
 _REGISTRY.update(ADAPTERS)
 _REGISTRY.update(feedback_slot=feedback_slot, with_experiences=with_experiences, simulated_user=simulated_user,
-                 retry=retry, fold=fold)
+                 retry=retry, fold=fold, roles=roles)

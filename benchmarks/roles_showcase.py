@@ -1,0 +1,157 @@
+"""Two trained roles in one episode: a scout that may only look, an operator that changes things.
+
+The task is `home`'s `copy` and `toggle` kinds (make a device match another's state, or flip one),
+wrapped by the `roles` environment: the scout acts first and may call only `get_state`, the
+operator acts second and has every tool, then the scout again (which ends the episode with its
+answer). Neither can succeed alone: the scout cannot write, and the operator cannot know the state
+without the scout's look-up in the shared transcript. Both seats are the tiny demo model:
+
+1. expert trajectories of the wrapped environment (the `home` expert replayed through the roles)
+   train a fresh tiny model with full-weight SFT; the under-trained checkpoint is the newest one
+   still below `weak_max_success` on 64 *training* tasks (the demo's rule);
+2. joint success of that checkpoint on the held-out test tasks (greedy) is the "before";
+3. GRPO from it with LoRA, the same rollouts for each arm:
+   - `role_adapters`: one adapter per role (`rl.role_adapters: true`), each trained only on its
+     own role's tokens, a group baseline per role;
+   - `shared`: one adapter plays both roles (the same per-role rows and baselines);
+4. joint success after each arm, on the same test tasks.
+
+Settings were fixed before the runs and not tuned on the test tasks.
+
+    python benchmarks/roles_showcase.py --seeds 0 1 --out runs/roles-showcase
+
+Prints a table and writes benchmarks/results/roles_showcase.json. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+ROLES = [{"name": "scout", "tools": ["get_state"], "prompt": "Look up what the operator needs."},
+         {"name": "operator", "prompt": "Change the devices."}]
+ENV = {"name": "roles", "kwargs": {"env": "home", "kwargs": {"kinds": ["copy", "toggle"]}, "roles": ROLES}}
+P: dict[str, Any] = {
+    "n_train": 1000, "n_test": 100, "preset": "micro", "vocab_size": 1024, "sft_steps": 600, "save_every": 10,
+    "sft_lr": 1e-3, "batch_size": 16, "weak_probe_tasks": 64, "weak_max_success": 0.6, "max_length": 512,
+    "max_new_tokens": 40, "rl_steps": 30, "rl_lr": 5e-4, "lora_r": 16, "rl_temperature": 0.7,
+    "tasks_per_step": 8, "group_size": 8,
+}
+
+
+def _env() -> Any:
+    from trajtune.envs.registry import make_env
+
+    return make_env(ENV["name"], **ENV["kwargs"])
+
+
+def _success(model_dir: Path, tasks: list[Any], seed: int, out: Path, label: str) -> float:
+    from trajtune.algorithms.registry import load_trained
+    from trajtune.eval.run import evaluate, write_eval
+    from trajtune.models.loading import load_tokenizer
+    from trajtune.rollout import RolloutConfig
+
+    model = load_trained(str(model_dir))
+    ro = RolloutConfig(max_turns=6, max_new_tokens=P["max_new_tokens"], max_length=P["max_length"],
+                       temperature=0.0, batch_size=64)
+    metrics, episodes = evaluate(model, load_tokenizer(str(model_dir)), _env, tasks, ro, seed=seed)
+    write_eval(out / "eval", label, metrics, episodes)
+    return float(metrics["success"])
+
+
+def _sft(out: Path, seed: int) -> Path:
+    from trajtune.algorithms.sft import SFTRunConfig
+    from trajtune.chat.render import message_to_template_dict, tools_to_template
+    from trajtune.models.tiny import build_tokenizer, create_tiny_model
+    from trajtune.schema import write_trajectories
+    from trajtune.train import run_sft
+
+    tasks = _env().tasks("train", P["n_train"], seed=seed)
+    experts = [_env().expert(t) for t in tasks]
+    assert all(e.outcome and e.outcome.success for e in experts)
+    write_trajectories(out / "data" / "train.jsonl", experts)
+    probe = build_tokenizer(["probe"], vocab_size=300)
+    texts = [probe.apply_chat_template([message_to_template_dict(m) for m in t.messages],
+                                       tools=tools_to_template(t.tools), tokenize=False) for t in experts[:500]]
+    base = create_tiny_model(out / "base-model", texts, vocab_size=P["vocab_size"], preset=P["preset"], seed=seed)
+    run_sft(SFTRunConfig.model_validate({
+        "model": str(base), "output_dir": str(out / "sft"), "seed": seed,
+        "data": {"path": str(out / "data" / "train.jsonl"), "format": "ir", "max_length": P["max_length"]},
+        "train": {"steps": P["sft_steps"], "lr": P["sft_lr"], "batch_size": P["batch_size"],
+                  "micro_batch_size": P["batch_size"], "warmup_steps": P["sft_steps"] // 20,
+                  "save_every": P["save_every"], "keep_last": P["sft_steps"] // P["save_every"] + 1},
+        "report": False}))
+    return out / "sft"
+
+
+def _weak(sft: Path, seed: int, out: Path) -> tuple[Path, dict[str, float]]:
+    """The newest checkpoint below weak_max_success on training tasks (never the test tasks)."""
+    probe_tasks = _env().tasks("train", P["n_train"], seed=seed)[: P["weak_probe_tasks"]]
+    probed: dict[str, float] = {}
+    ckpts = sorted((sft / "checkpoints").glob("step-*"), key=lambda c: int(c.name.split("-")[1]), reverse=True)
+    for c in ckpts:
+        probed[c.name] = _success(c, probe_tasks, seed, out / "probe", c.name)
+        if probed[c.name] < P["weak_max_success"]:
+            return c, probed
+    return ckpts[-1], probed
+
+
+def _rl(start: Path, out: Path, seed: int, role_adapters: bool) -> Path:
+    from trajtune.algorithms.rl import RLRunConfig
+    from trajtune.train import run_rl
+
+    run_rl(RLRunConfig.model_validate({
+        "model": {"name_or_path": str(start), "lora": {"r": P["lora_r"], "alpha": 2 * P["lora_r"]}},
+        "output_dir": str(out), "seed": seed, "env": ENV, "report": False,
+        "rollout": {"max_turns": 6, "max_new_tokens": P["max_new_tokens"], "max_length": P["max_length"],
+                    "temperature": P["rl_temperature"], "batch_size": 64},
+        "rl": {"estimator": "grpo", "tasks_per_step": P["tasks_per_step"], "group_size": P["group_size"],
+               "n_train_tasks": P["n_train"], "drop_equal_groups": True, "role_adapters": role_adapters},
+        "train": {"steps": P["rl_steps"], "lr": P["rl_lr"], "schedule": "constant", "warmup_steps": 3,
+                  "micro_batch_size": 32},
+    }))
+    return out / "final"
+
+
+def run_seed(seed: int, out: Path) -> dict[str, Any]:
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    test = _env().tasks("test", P["n_test"], seed=seed)
+    sft = out / "sft" if (out / "sft" / "final").exists() else _sft(out, seed)
+    weak, probed = _weak(sft, seed, out)
+    res: dict[str, Any] = {"seed": seed, "weak_checkpoint": weak.name, "probe_train_success": probed,
+                           "sft_final": _success(sft / "final", test, seed, out, "sft-final"),
+                           "before": _success(weak, test, seed, out, "weak")}
+    for arm, flag in (("role_adapters", True), ("shared", False)):
+        final = out / f"rl-{arm}" / "final"
+        if not final.exists():
+            _rl(weak, out / f"rl-{arm}", seed, flag)
+        res[arm] = _success(final, test, seed, out, f"rl-{arm}")
+    res["seconds"] = round(time.time() - t0, 1)
+    (out / "summary.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--out", type=Path, default=Path("runs/roles-showcase"))
+    a = ap.parse_args()
+    runs = [run_seed(s, a.out / f"s{s}") for s in a.seeds]
+    print(f"{'seed':<5} {'weak ckpt':<12} {'before':>7} {'RL, adapter per role':>21} {'RL, shared adapter':>19} "
+          f"{'SFT to the end':>15}")
+    for r in runs:
+        print(f"{r['seed']:<5} {r['weak_checkpoint']:<12} {r['before']:>7.0%} {r['role_adapters']:>21.0%} "
+              f"{r['shared']:>19.0%} {r['sft_final']:>15.0%}")
+    dest = Path(__file__).parent / "results" / "roles_showcase.json"
+    dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs,
+                                "command": "python benchmarks/roles_showcase.py --seeds 0 1 --out runs/roles-showcase"},
+                               indent=1))
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Several trained roles in one episode: one LoRA adapter per role, each trained on its own tokens,
+with per-role group baselines (MAGRPO-style).
+
+Why: in a team episode (``envs/adapters/roles.py``) a planner's tokens and an executor's come from
+different policies. With ``rl.role_adapters`` the model carries one adapter per role on one base
+(no second copy of the weights): the first role's is peft's ``default`` adapter, every other role's
+starts as a copy of it (the same policy in every seat, e.g. an SFT adapter) unless the model
+directory already holds that role's adapter (``roles.json``: a finished multi-role run). The rollout
+samples each turn with the acting role's adapter and records the role of every turn
+(``meta["turn_roles"]``).
+
+``split_by_role`` then makes one training row per (episode, role): the same tokens, weighted only
+on that role's turns, in the group ``<group>/<role>`` with the role's reward (``info["role_rewards"]``
+when the environment reports them, else the joint reward), and ``meta["adapter"]`` naming its
+adapter. The group estimators therefore compute a baseline per role; with a joint reward it is the
+episode group's own. The objective runs each adapter's rows with that adapter active
+(``batch.by_adapter``), so one role's rows leave every other adapter's gradient exactly zero.
+
+The final directory is peft's multi-adapter layout (``default`` at the top, the others in
+sub-directories) plus ``roles.json`` ({role: adapter}); ``load_role_adapters`` (the RL algorithm's
+load hook) brings them all back for evaluation.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from trajtune.errors import DataError
+from trajtune.models.adapters import DEFAULT, ROLES_ATTR, peft_model
+from trajtune.schema import atomic_write_text
+from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
+
+ROLES_FILE = "roles.json"
+
+
+def adapter_names(roles: list[str]) -> dict[str, str]:
+    """{role: adapter}: the first role plays with peft's default adapter, the others with their own."""
+    return {r: (DEFAULT if i == 0 else f"role_{r}") for i, r in enumerate(roles)}
+
+
+def read_roles(path: str | Path) -> dict[str, str] | None:
+    """The ``roles.json`` of a saved multi-role model directory, or None for any other."""
+    p = Path(path) / ROLES_FILE
+    if not p.is_file():
+        return None
+    try:
+        roles = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{p}: not valid JSON ({e}); it maps role names to LoRA adapters") from None
+    if not isinstance(roles, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items()):
+        raise DataError(f"{p}: expected an object mapping role names to adapter names")
+    return roles
+
+
+def add_role_adapters(model: Any, roles: list[str], source: str | Path | None) -> dict[str, str]:
+    """Give ``model`` (a PeftModel) one trainable adapter per role (see the module doc); returns
+    {role: adapter} and marks the model with it, so rollouts switch adapters per role."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    pm = peft_model(model)
+    if not hasattr(pm, "peft_config"):
+        raise ValueError("rl.role_adapters needs a LoRA model: set model.lora, or start from an adapter directory")
+    names = adapter_names(roles)
+    saved = read_roles(source) if source is not None and Path(source).is_dir() else None
+    default_state = get_peft_model_state_dict(pm, adapter_name=DEFAULT)
+    for role, adapter in names.items():
+        if adapter == DEFAULT:
+            continue
+        if adapter not in pm.peft_config:
+            pm.add_adapter(adapter, copy.deepcopy(pm.peft_config[DEFAULT]))
+        sub = Path(source) / saved[role] if saved and role in saved and saved[role] != DEFAULT else None
+        if sub is not None and (sub / "adapter_model.safetensors").is_file():
+            state = load_file(sub / "adapter_model.safetensors")
+        else:  # every seat starts as the same policy: the default adapter's weights
+            state = default_state
+        set_peft_model_state_dict(pm, state, adapter_name=adapter)
+    pm.set_adapter(DEFAULT)
+    for n, p in pm.named_parameters():
+        if "lora_" in n:
+            p.requires_grad_(True)
+    pm.__dict__[ROLES_ATTR] = dict(names)
+    return names
+
+
+def write_roles(final: Path, names: dict[str, str]) -> None:
+    atomic_write_text(final / ROLES_FILE, json.dumps(names, indent=1, sort_keys=True))
+
+
+def load_role_adapters(model: Any, path: str) -> Any:
+    """The load hook: a saved multi-role directory's other adapters, loaded next to the default one,
+    and the roles mark (so rollouts and evaluation play each role with its adapter)."""
+    names = read_roles(path)
+    if names is None:
+        return model
+    pm = peft_model(model)
+    for adapter in sorted(set(names.values()) - {DEFAULT}):
+        sub = Path(path) / adapter
+        if not (sub / "adapter_config.json").is_file():
+            raise DataError(f"{Path(path) / ROLES_FILE} names adapter {adapter!r}, but {sub} holds no adapter")
+        if adapter not in pm.peft_config:
+            pm.load_adapter(str(sub), adapter_name=adapter, is_trainable=False)
+    pm.set_adapter(DEFAULT)
+    pm.__dict__[ROLES_ATTR] = dict(names)
+    return model
+
+
+def split_by_role(tts: list[TokenTrajectory], adapters: dict[str, str]) -> tuple[list[TokenTrajectory], dict[str, float]]:
+    """One row per (episode, role) that wrote a policy token (module doc); an episode without roles
+    is kept as it is. The first role's row is the episode's own object (its record follows it)."""
+    out: list[TokenTrajectory] = []
+    rows = 0
+    for t in tts:
+        roles = t.meta.get("turn_roles")
+        if not roles:
+            out.append(t)
+            continue
+        of_token = [roles[k] if s == SOURCE_POLICY and k < len(roles) else None for k, s in zip(t.turn, t.source)]
+        role_rewards = t.meta.get("role_rewards") or {}
+        group, weights = t.group or t.traj_id, list(t.weight)  # the first role's row is t itself, changed below
+        for i, role in enumerate(dict.fromkeys(roles)):
+            weight = [w if r == role else 0.0 for w, r in zip(weights, of_token)]
+            if not any(weight):
+                continue
+            meta = {**t.meta, "role": role, **({"adapter": adapters[role]} if role in adapters else {})}
+            reward = float(role_rewards.get(role, t.reward if t.reward is not None else 0.0))
+            if i == 0:
+                row = t
+                row.weight, row.meta = weight, meta
+            else:
+                row = TokenTrajectory(ids=t.ids, source=t.source, turn=t.turn, weight=weight, logprobs=t.logprobs,
+                                      advantages=None, traj_id=t.traj_id, reward=reward, success=t.success,
+                                      termination=t.termination, meta=meta)
+            row.group, row.reward = f"{group}/{role}", reward
+            out.append(row)
+            rows += 1
+    return out, {"role_rows": float(rows)}
