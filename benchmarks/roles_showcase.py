@@ -19,6 +19,8 @@ without the scout's look-up in the shared transcript. Both seats are the tiny de
 Settings were fixed before the runs and not tuned on the test tasks.
 
     python benchmarks/roles_showcase.py --seeds 0 1 --out runs/roles-showcase
+    python benchmarks/roles_showcase.py --seeds 0 1 --out runs/roles-demo-budget --result roles_showcase_demo_budget.json \
+        --set n_train=2000 sft_steps=900 weak_max_success=0.9 rl_steps=40 rl_lr=0.001
 
 Prints a table and writes benchmarks/results/roles_showcase.json. A benchmark, not a test.
 """
@@ -139,17 +141,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--out", type=Path, default=Path("runs/roles-showcase"))
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="change a setting of P (JSON values)")
+    ap.add_argument("--result", default="roles_showcase.json", help="file name under benchmarks/results")
+    ap.add_argument("--collect", action="store_true", help="only read the seeds' summaries back")
     a = ap.parse_args()
-    runs = [run_seed(s, a.out / f"s{s}") for s in a.seeds]
+    for item in a.set:
+        key, _, raw = item.partition("=")
+        if key not in P:
+            ap.error(f"unknown setting {key!r}; known: {', '.join(P)}")
+        P[key] = json.loads(raw)
+    runs = [json.loads((a.out / f"s{s}" / "summary.json").read_text()) if a.collect else run_seed(s, a.out / f"s{s}")
+            for s in a.seeds]
     print(f"{'seed':<5} {'weak ckpt':<12} {'before':>7} {'RL, adapter per role':>21} {'RL, shared adapter':>19} "
           f"{'SFT to the end':>15}")
     for r in runs:
         print(f"{r['seed']:<5} {r['weak_checkpoint']:<12} {r['before']:>7.0%} {r['role_adapters']:>21.0%} "
               f"{r['shared']:>19.0%} {r['sft_final']:>15.0%}")
-    dest = Path(__file__).parent / "results" / "roles_showcase.json"
+    dest = Path(__file__).parent / "results" / a.result
+    shown = " ".join(f"--set {x}" for x in a.set)
     dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs,
-                                "command": "python benchmarks/roles_showcase.py --seeds 0 1 --out runs/roles-showcase"},
-                               indent=1))
+                                "command": f"python benchmarks/roles_showcase.py --seeds {' '.join(map(str, a.seeds))} "
+                                           f"--out {a.out} {shown}".strip()}, indent=1))
     print(f"wrote {dest}")
 
 
