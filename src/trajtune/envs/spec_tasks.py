@@ -257,15 +257,15 @@ def build_task(world: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     """A task's data: starting records, 1-2 goal steps, and the request that asks for them."""
     records = starting_records(world, rng)
     tools = writable(world)
-    n = 2 if rng.random() < 1 / 3 and len(tools) > 0 else 1
+    n = 2 if rng.random() < 1 / 3 else 1
     steps, sentences, taken = [], [], set()
-    for tool in rng.sample(tools, min(n, len(tools))) if len(tools) >= n else [rng.choice(tools)]:
+    for tool in rng.sample(tools, n) if len(tools) >= n else [rng.choice(tools)]:
         step, text = _goal(world, tool, records, rng, taken)
         steps.append(step)
         sentences.append(text)
     if len(sentences) == 2:
-        sentences[1] = "Then " + sentences[1][0].lower() + sentences[1][1:] if not sentences[1].startswith("I") else \
-            "Then " + sentences[1]
+        second = sentences[1]
+        sentences[1] = "Then " + (second if second.startswith("I") else second[0].lower() + second[1:])
     request = " ".join(sentences)
     return {"records": records, "steps": steps, "request": request[0].upper() + request[1:],
             "kinds": [s["tool"] for s in steps]}
