@@ -15,7 +15,7 @@ from trajtune.envs import make_env
 from trajtune.envs.base import Task
 from trajtune.envs.spec_env import SpecEnv, self_check, shipped_specs
 from trajtune.envs.spec_read import SpecError, read_spec, read_tool_list
-from trajtune.envs.spec_world import build_world, singular, words
+from trajtune.envs.spec_world import build_world, check_world, singular, words
 from trajtune.envs.toolenv import assistant_call, assistant_text
 
 runner = CliRunner()
@@ -99,6 +99,18 @@ def test_worlds_that_cannot_be_verified_are_refused(tmp_path):
              {"name": "list_cities"}]
     with pytest.raises(SpecError, match="no tool changes state: all 2 tools read"):
         build_world(read_tool_list(reads, "r"), "r", [])
+    # the only write renames: requests find records by their name, so no goal can be stated
+    rename = [{"name": "find_tags", "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}},
+              {"name": "update_tag", "parameters": {"type": "object", "required": ["tag_id"], "properties": {
+                  "tag_id": {"type": "integer"}, "name": {"type": "string"}}}}]
+    with pytest.raises(SpecError, match=r"no write can be a goal: update_tag \(rename\[1\]\)"):
+        build_world(read_tool_list(rename, "rename"), "rename", [])
+    world = build_world(read_tool_list(CRM, "crm"), "crm", [])
+    world["tools"] = [t for t in world["tools"] if t["op"] in ("list", "get")] + [
+        {**t, "parameters": {"type": "object", "properties": {"contact_id": t["parameters"]["properties"]["contact_id"]}}}
+        for t in world["tools"] if t["op"] == "update"]
+    with pytest.raises(SpecError, match=r"edited\.json: no write can be a goal: update_contact"):
+        check_world(world, "edited.json")
     with pytest.raises(SpecError, match="already used by"):
         build_world(read_tool_list([{"name": "add_x"}, {"name": "add_x"}], "d"), "d", [])
     f = tmp_path / "broken.json"

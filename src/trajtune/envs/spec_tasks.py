@@ -15,7 +15,7 @@ import random
 from typing import Any
 
 from trajtune.envs import fncall_vocab as V
-from trajtune.envs.spec_world import words
+from trajtune.envs.spec_world import words, writable
 
 PERSONAL = ("user", "customer", "contact", "employee", "member", "owner", "person", "patient", "student", "author",
             "guest", "client", "attendee", "passenger", "assignee", "recipient")
@@ -238,19 +238,6 @@ def _one_change(tool: dict[str, Any], rec: dict[str, Any], rng: random.Random, s
             return {k: v}
     k = sorted(props)[0]
     return {k: draw_value(k, props[k], rng, tool["resource"])}
-
-
-def writable(world: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tools a goal can use: writes whose records exist to act on (an update needs a field to change)."""
-    out = []
-    for t in world["tools"]:
-        props = t["parameters"].get("properties", {})
-        if t["op"] in ("get", "list"):
-            continue
-        if t["op"] == "update" and not set(props) - {t.get("id_param"), world["resources"][t["resource"]].get("descriptor")}:
-            continue
-        out.append(t)
-    return out
 
 
 def build_task(world: dict[str, Any], rng: random.Random) -> dict[str, Any]:

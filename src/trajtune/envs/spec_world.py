@@ -189,7 +189,22 @@ def build_world(tools: list[SpecTool], name: str, sources: list[str]) -> dict[st
         id_types = {t["parameters"]["properties"][t["id_param"]].get("type") for t in mine if t["id_param"]}
         resources[res] = {"fields": fields, "descriptor": _descriptor(fields),
                           "id_type": "integer" if "integer" in id_types else "string"}
-    return {"format": FORMAT, "name": name, "sources": sources, "tools": out_tools, "resources": resources}
+    return _goals_possible({"format": FORMAT, "name": name, "sources": sources, "tools": out_tools,
+                            "resources": resources}, "the specs")
+
+
+def writable(world: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools a goal can use: writes with something to set (an update needs a field besides the record's
+    id and its descriptor, the name requests find it by, which a goal never changes)."""
+    out = []
+    for t in world["tools"]:
+        props = t["parameters"].get("properties", {})
+        if t["op"] in READS:
+            continue
+        if t["op"] == "update" and not set(props) - {t.get("id_param"), world["resources"][t["resource"]].get("descriptor")}:
+            continue
+        out.append(t)
+    return out
 
 
 def check_world(world: Any, where: str) -> dict[str, Any]:
@@ -210,4 +225,16 @@ def check_world(world: Any, where: str) -> dict[str, Any]:
             raise SpecError(f"{where}: tools[{i}].resource: {t['resource']!r} is not in resources")
         if t.get("id_param") and t["id_param"] not in t["parameters"].get("properties", {}):
             raise SpecError(f"{where}: tools[{i}].id_param: {t['id_param']!r} is not one of its arguments")
+    return _goals_possible(world, where)
+
+
+def _goals_possible(world: dict[str, Any], where: str) -> dict[str, Any]:
+    """A world whose writes can set nothing (e.g. its only update renames: the descriptor is how a goal
+    names the record, so it never changes) has no task to make."""
+    if not writable(world):
+        writes = [t["name"] + (f" ({t['source']})" if t.get("source") else "") for t in world["tools"]
+                  if t["op"] not in READS]
+        raise SpecError(f"{where}: no write can be a goal: {', '.join(writes)} can only change a record's id or "
+                        "the name requests find it by; give an update another argument, or mark a tool with "
+                        "x-trajtune: {op: create|delete|action}")
     return world
