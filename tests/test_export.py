@@ -118,3 +118,29 @@ def test_a_dualtune_dir_is_refused_saying_export_takes_one_adapter(adapter, tmp_
 def test_a_bad_dtype_is_a_usage_error(adapter, tmp_path):
     r = _invoke("export", "--model", adapter, "--out", tmp_path / "x", "--dtype", "int8")
     assert r.exit_code == 2 and "--dtype must be one of" in r.output and not (tmp_path / "x").exists()
+
+
+def test_an_adapter_whose_base_path_is_relative_to_the_run_loads_from_anywhere(tiny_dir, adapter, tmp_path,
+                                                                               monkeypatch):
+    """Runs record the base as given (`runs/base`, relative to where the run started); loading and
+    exporting from another working directory finds it under a directory above the adapter."""
+    from trajtune.models.loading import load_model
+
+    root = tmp_path / "project"
+    shutil.copytree(tiny_dir, root / "runs" / "base")
+    moved = root / "runs" / "rl" / "final"
+    shutil.copytree(adapter, moved)
+    cfg = moved / "adapter_config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "base_model_name_or_path": "runs/base"}))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # "runs/base" means nothing here (and reads like a hub id)
+    model = load_model(str(moved), trainable=False).eval()
+    with torch.no_grad():
+        assert torch.allclose(model(IDS).logits, _adapter_logits(tiny_dir, adapter), atol=1e-5)
+    r = _invoke("export", "--model", moved, "--out", tmp_path / "exported")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "exported" / "export.json").read_text())["base"]["path"] == str(root / "runs" / "base")
+    # a base found nowhere is still a one-line error that names the adapter's config
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "base_model_name_or_path": "runs/gone/base"}))
+    with pytest.raises(ModelLoadError, match=r"does not exist.*base model that .*adapter_config\.json names"):
+        load_model(str(moved), trainable=False)

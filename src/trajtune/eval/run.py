@@ -17,7 +17,7 @@ from trajtune.eval.harness import build_suites, run_evaluation
 from trajtune.eval.metrics import summarize
 from trajtune.eval.store import EvalStore
 from trajtune.judge import make_judge
-from trajtune.models.loading import load_tokenizer, to_device
+from trajtune.models.loading import adapter_base, load_tokenizer, to_device
 from trajtune.models.resolve import ModelLoadError, resolve_model
 from trajtune.progress import bar, console
 from trajtune.rollout import Episode, RolloutConfig, run_rollouts
@@ -68,8 +68,8 @@ def model_context_length(name_or_path: str, tokenizer: Any) -> int | None:
         source = resolve_model(name_or_path, notify=None).path
         adapter = Path(source) / "adapter_config.json"
         if adapter.exists():
-            base = json.loads(adapter.read_text()).get("base_model_name_or_path") or source
-            source = resolve_model(base, notify=None).path
+            base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+            source = adapter_base(base, adapter).path if base else source
         limits.append(getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", None))
     except (OSError, ValueError, ModelLoadError):  # an id that is not cached, an unknown architecture: no limit known
         pass

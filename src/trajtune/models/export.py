@@ -24,7 +24,7 @@ from typing import Any
 from trajtune import __version__
 from trajtune.errors import OutputError, UsageError
 from trajtune.models.errors import ModelLoadError
-from trajtune.models.loading import _quiet_transformers, read_tokenizer
+from trajtune.models.loading import _quiet_transformers, adapter_base, read_tokenizer
 from trajtune.models.resolve import resolve_model
 from trajtune.schema import normal_permissions
 
@@ -87,7 +87,7 @@ def export_adapter(model: str, out: str | Path, *, dtype: str | None = None, ove
                              "merges an adapter directory into its base")
     adapter_dir = Path(src.path)
     base_name = _adapter_base(adapter_dir, model)
-    base = resolve_model(base_name)
+    base = adapter_base(base_name, adapter_dir / "adapter_config.json")
     for what, p in (("the adapter directory", adapter_dir), ("the adapter's base", Path(base.path))):
         if out.exists() and out.resolve() == p.resolve():
             raise OutputError(f"--out {out} is {what} itself; choose another --out")

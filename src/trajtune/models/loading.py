@@ -88,6 +88,30 @@ def to_device(model: Any, device: str = "auto") -> Any:
         raise UsageError(f"cannot run the model on --device {device!r}: {e}") from None
 
 
+def adapter_base(base_name: str, adapter_cfg: Path) -> Any:
+    """The base model an adapter names (``resolve_model``'s answer). A run records its base as it was
+    given, often a path relative to the directory the run started in; loaded from elsewhere, that path
+    is looked for under each directory above the adapter's (the run's tree moved, or read from another
+    working directory)."""
+    def above() -> Any:
+        if not Path(base_name).is_absolute():
+            for d in adapter_cfg.resolve().parents:
+                if (d / base_name).is_dir():
+                    return resolve_model(str(d / base_name))
+        return None
+
+    try:
+        src = resolve_model(base_name)
+    except ModelLoadError as e:
+        found = above()
+        if found is None:
+            raise ModelLoadError(f"{e}; it is the base model that {adapter_cfg} names (base_model_name_or_path), "
+                                 "looked for from here and from each directory above the adapter") from None
+        return found
+    # a relative path of two parts reads like a hub id: a directory above the adapter wins over the hub
+    return (above() or src) if src.kind == "hub" else src
+
+
 def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str = "auto",
                trainable: bool = True, gradient_checkpointing: bool = False) -> Any:
     """Load a causal LM; wrap it with a fresh LoRA adapter when ``lora`` is given. A directory an
@@ -116,7 +140,7 @@ def load_model(name_or_path: str, *, lora: LoraConfig | None = None, dtype: str 
             if not base_name:
                 raise ModelLoadError(f"{adapter_cfg}: base_model_name_or_path is empty, so the adapter's base "
                                      "model is unknown; set it to the base model's alias, path or hub id")
-            model = AutoModelForCausalLM.from_pretrained(resolve_model(base_name).path, dtype=torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(adapter_base(base_name, adapter_cfg).path, dtype=torch_dtype)
             model = PeftModel.from_pretrained(model, src.path, is_trainable=trainable and lora is None)
             if lora is not None:
                 model = model.merge_and_unload()
