@@ -31,7 +31,7 @@ from trajtune.envs.base import Task
 from trajtune.envs.spec_read import SpecError, read_spec
 from trajtune.envs.spec_tasks import build_task
 from trajtune.envs.spec_world import build_world, check_world
-from trajtune.envs.tools import ToolDispatcher, ToolError
+from trajtune.envs.tools import ToolError
 from trajtune.envs.toolenv import ToolEnv, assistant_call, assistant_text, make_tasks, scripted_policy
 from trajtune.schema import Message, ToolSpec
 
@@ -131,14 +131,12 @@ class SpecEnv(ToolEnv):
         return self.expected is not None and (self.tables, self.log) == self.expected
 
     # -- the simulated backend ------------------------------------------------------------------
-    @property
-    def dispatcher(self) -> ToolDispatcher:
-        if self._dispatcher is None:
-            fns = {t["name"]: self._bound(t) for t in self.world["tools"]}
-            specs = {t["name"]: ToolSpec(name=t["name"], description=t.get("description", ""),
-                                         parameters=t["parameters"]) for t in self.world["tools"]}
-            self._dispatcher = ToolDispatcher(fns, specs=specs, recoverable=self.recoverable)
-        return self._dispatcher
+    def tool_functions(self) -> dict[str, Callable[..., Any]]:
+        return {t["name"]: self._bound(t) for t in self.world["tools"]}
+
+    def tool_specs(self) -> dict[str, ToolSpec]:
+        return {t["name"]: ToolSpec(name=t["name"], description=t.get("description", ""),
+                                    parameters=t["parameters"]) for t in self.world["tools"]}
 
     def _bound(self, tool: dict[str, Any]) -> Callable[..., Any]:
         return lambda **args: self._call(tool, args)

@@ -57,6 +57,11 @@ class ToolEnv(Environment):
     def tool_functions(self) -> dict[str, Callable[..., Any]]:
         return {n: getattr(self, n) for n in self.tool_names}
 
+    def tool_specs(self) -> dict[str, ToolSpec] | None:
+        """The tools' schemas, for tools whose schema is data rather than a Python signature (an
+        environment generated from specs); None: read from ``tool_functions``' signatures."""
+        return None
+
     def on_text(self, text: str) -> tuple[list[Message], bool]:
         """A turn without tool calls: by default it is the final answer and ends the episode."""
         self.final_answer = text
@@ -75,7 +80,8 @@ class ToolEnv(Environment):
     @property
     def dispatcher(self) -> ToolDispatcher:
         if self._dispatcher is None:
-            self._dispatcher = ToolDispatcher(self.tool_functions(), recoverable=self.recoverable)
+            self._dispatcher = ToolDispatcher(self.tool_functions(), specs=self.tool_specs(),
+                                              recoverable=self.recoverable)
         return self._dispatcher
 
     def reset(self, task: Task) -> ResetResult:
