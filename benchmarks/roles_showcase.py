@@ -14,6 +14,11 @@ without the scout's look-up in the shared transcript. Both seats are the tiny de
    - `role_adapters`: one adapter per role (`rl.role_adapters: true`), each trained only on its
      own role's tokens, a group baseline per role;
    - `shared`: one adapter plays both roles (the same per-role rows and baselines);
+   - `role_adapters_paid`: one adapter per role, and the scout paid for its own part: its reward is
+     half the joint reward and half the share of the expert's scout turns it matched (the roles
+     option `expert_weight`, 0.5; the operator's stays the joint reward). Added after the first two
+     arms' failure analysis (the scout unlearned its look-ups under the joint reward); the weight
+     was fixed before its runs;
 4. joint success after each arm, on the same test tasks.
 
 Settings were fixed before the runs and not tuned on the test tasks.
@@ -40,8 +45,9 @@ P: dict[str, Any] = {
     "n_train": 1000, "n_test": 100, "preset": "micro", "vocab_size": 1024, "sft_steps": 600, "save_every": 10,
     "sft_lr": 1e-3, "batch_size": 16, "weak_probe_tasks": 64, "weak_max_success": 0.6, "max_length": 512,
     "max_new_tokens": 40, "rl_steps": 30, "rl_lr": 5e-4, "lora_r": 16, "rl_temperature": 0.7,
-    "tasks_per_step": 8, "group_size": 8,
+    "tasks_per_step": 8, "group_size": 8, "scout_expert_weight": 0.5,
 }
+ARMS = {"role_adapters": (True, 0.0), "shared": (False, 0.0), "role_adapters_paid": (True, None)}  # None: P's weight
 
 
 def _env() -> Any:
@@ -101,13 +107,18 @@ def _weak(sft: Path, seed: int, out: Path) -> tuple[Path, dict[str, float]]:
     return ckpts[-1], probed
 
 
-def _rl(start: Path, out: Path, seed: int, role_adapters: bool) -> Path:
+def _paid_env(weight: float) -> dict[str, Any]:
+    scout, *others = ROLES
+    return {**ENV, "kwargs": {**ENV["kwargs"], "roles": [{**scout, "expert_weight": weight}, *others]}}
+
+
+def _rl(start: Path, out: Path, seed: int, role_adapters: bool, scout_weight: float) -> Path:
     from trajtune.algorithms.rl import RLRunConfig
     from trajtune.train import run_rl
 
     run_rl(RLRunConfig.model_validate({
         "model": {"name_or_path": str(start), "lora": {"r": P["lora_r"], "alpha": 2 * P["lora_r"]}},
-        "output_dir": str(out), "seed": seed, "env": ENV, "report": False,
+        "output_dir": str(out), "seed": seed, "env": _paid_env(scout_weight) if scout_weight else ENV, "report": False,
         "rollout": {"max_turns": 6, "max_new_tokens": P["max_new_tokens"], "max_length": P["max_length"],
                     "temperature": P["rl_temperature"], "batch_size": 64},
         "rl": {"estimator": "grpo", "tasks_per_step": P["tasks_per_step"], "group_size": P["group_size"],
@@ -127,14 +138,64 @@ def run_seed(seed: int, out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {"seed": seed, "weak_checkpoint": weak.name, "probe_train_success": probed,
                            "sft_final": _success(sft / "final", test, seed, out, "sft-final"),
                            "before": _success(weak, test, seed, out, "weak")}
-    for arm, flag in (("role_adapters", True), ("shared", False)):
+    prev = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    res["rl_seconds"] = dict(prev.get("rl_seconds", {}))
+    for arm, (flag, weight) in ARMS.items():
         final = out / f"rl-{arm}" / "final"
         if not final.exists():
-            _rl(weak, out / f"rl-{arm}", seed, flag)
+            t1 = time.time()
+            _rl(weak, out / f"rl-{arm}", seed, flag, P["scout_expert_weight"] if weight is None else weight)
+            res["rl_seconds"][arm] = round(time.time() - t1, 1)
         res[arm] = _success(final, test, seed, out, f"rl-{arm}")
-    res["seconds"] = round(time.time() - t0, 1)
+    res["seconds"] = prev.get("seconds", round(time.time() - t0, 1))  # a rerun that adds an arm keeps the first
+    if prev:
+        res["seconds_rerun"] = round(time.time() - t0, 1)
     (out / "summary.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+def _first_mistake(episode: dict[str, Any], expert: list[Any]) -> str:
+    """Who went wrong first in a failed episode, against the expert's turns for the same task."""
+    turns = [m for m in episode["messages"] if m["role"] == "assistant"]
+    for k, want in enumerate(expert):
+        if k >= len(turns):
+            return "ended early"
+        got = (turns[k].get("tool_calls") or [None])[0]
+        role = turns[k].get("extra", {}).get("agent_role", "?")
+        if not want.tool_calls:
+            return f"{role}: wrong final turn" if got else "other"
+        w = want.tool_calls[0]
+        if got is None or got["name"] != w.name:
+            return f"{role}: text or the wrong tool"
+        args = got.get("arguments") or {}
+        if (args.get("room"), args.get("device")) != (w.arguments["room"], w.arguments["device"]):
+            return f"{role}: looked up the wrong device" if w.name == "get_state" else f"{role}: set the wrong device"
+        if args.get("state") != w.arguments.get("state"):
+            return f"{role}: set the wrong state"
+    return "other"
+
+
+def failures(out: Path, seeds: list[int]) -> dict[str, Any]:
+    """Per seed and arm: the failed test episodes, by the first mistake (who made it, and what)."""
+    labels = ["weak", *(f"rl-{a}" for a in ARMS)]
+    table: dict[str, Any] = {}
+    for seed in seeds:
+        tasks = {t.id: t for t in _env().tasks("test", P["n_test"], seed=seed)}
+        experts = {tid: [m for m in _env().expert(t).messages if m.role == "assistant"] for tid, t in tasks.items()}
+        for label in labels:
+            path = out / f"s{seed}" / "eval" / f"{label}.episodes.jsonl"
+            if not path.exists():
+                continue
+            counts: dict[str, int] = {}
+            for line in path.read_text().splitlines():
+                ep = json.loads(line)
+                if (ep.get("outcome") or {}).get("success"):
+                    continue
+                why = _first_mistake(ep, experts[ep["id"]])
+                counts[why] = counts.get(why, 0) + 1
+            table.setdefault(str(seed), {})[label] = dict(sorted(counts.items()))
+            print(f"seed {seed} {label:<24} " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())))
+    return table
 
 
 def main() -> None:
@@ -144,6 +205,8 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="change a setting of P (JSON values)")
     ap.add_argument("--result", default="roles_showcase.json", help="file name under benchmarks/results")
     ap.add_argument("--collect", action="store_true", help="only read the seeds' summaries back")
+    ap.add_argument("--failures", action="store_true", help="classify the failed test episodes by first mistake "
+                    "(from the evaluations already written) and add the table to the result file")
     a = ap.parse_args()
     for item in a.set:
         key, _, raw = item.partition("=")
@@ -153,13 +216,15 @@ def main() -> None:
     runs = [json.loads((a.out / f"s{s}" / "summary.json").read_text()) if a.collect else run_seed(s, a.out / f"s{s}")
             for s in a.seeds]
     print(f"{'seed':<5} {'weak ckpt':<12} {'before':>7} {'RL, adapter per role':>21} {'RL, shared adapter':>19} "
-          f"{'SFT to the end':>15}")
+          f"{'RL, per role + paid scout':>26} {'SFT to the end':>15}")
     for r in runs:
+        paid = f"{r['role_adapters_paid']:.0%}" if "role_adapters_paid" in r else "-"
         print(f"{r['seed']:<5} {r['weak_checkpoint']:<12} {r['before']:>7.0%} {r['role_adapters']:>21.0%} "
-              f"{r['shared']:>19.0%} {r['sft_final']:>15.0%}")
+              f"{r['shared']:>19.0%} {paid:>26} {r['sft_final']:>15.0%}")
     dest = Path(__file__).parent / "results" / a.result
     shown = " ".join(f"--set {x}" for x in a.set)
-    dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs,
+    extra = {"first_mistakes": failures(a.out, a.seeds)} if a.failures else {}
+    dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs, **extra,
                                 "command": f"python benchmarks/roles_showcase.py --seeds {' '.join(map(str, a.seeds))} "
                                            f"--out {a.out} {shown}".strip()}, indent=1))
     print(f"wrote {dest}")

@@ -181,7 +181,7 @@ class Drift(ToolEnv):
 
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task  # noqa: E402
-from trajtune.schema import Message  # noqa: E402
+from trajtune.schema import Message, Trajectory  # noqa: E402
 
 
 class Chatter(Environment):
@@ -204,3 +204,8 @@ class Chatter(Environment):
         self.turns += 1
         return StepResult([Message(role="user", content=f"noted {self.turns}", origin="environment")],
                           reward=(len(action.text()) % 3) / 2)
+
+    def expert(self, task):
+        """Four plain-text turns (no calls)."""
+        return Trajectory(id=task.id, messages=[self.reset(task).messages[0],
+                                                *[Message(role="assistant", content="hi") for _ in range(4)]])

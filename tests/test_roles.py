@@ -14,9 +14,10 @@ from model_fixtures import randomize_lora_b
 from trajtune.algorithms.advantages import assign_advantages
 from trajtune.algorithms.batch import collate, token_logprobs
 from trajtune.algorithms.policy_gradient import PolicyGradientObjective
-from trajtune.algorithms.roles import add_role_adapters, load_role_adapters, split_by_role
+from trajtune.algorithms.dualtune_decode import read_spec
+from trajtune.algorithms.roles import add_role_adapters, load_role_adapters, read_roles, split_by_role
 from trajtune.envs import make_env
-from trajtune.errors import ConfigError, EnvError
+from trajtune.errors import ConfigError, DataError, EnvError
 from trajtune.models.adapters import DEFAULT, activate, role_adapters
 from trajtune.models.loading import LoraConfig, load_model
 from trajtune.schema import Message, ToolCall
@@ -58,6 +59,51 @@ def test_roles_take_turns_with_notes_and_tool_permissions():
         make_env("roles", env="home", roles=ROLES[:1])
     with pytest.raises(EnvError, match="unique"):
         make_env("roles", env="home", roles=[ROLES[0], ROLES[0]])
+
+
+def _play(env, task, actions):
+    """Steps ``actions``; returns each role's reward summed over the steps, and the joint reward."""
+    env.reset(task)
+    total, joint = {}, 0.0
+    for a in actions:
+        out = env.step(a)
+        joint += out.reward
+        for r, v in out.info["role_rewards"].items():
+            total[r] = total.get(r, 0.0) + v
+        if out.done:
+            break
+    return total, joint
+
+
+def test_a_role_can_be_paid_for_matching_the_experts_turns():
+    roles = [{**ROLES[0], "expert_weight": 0.5}, ROLES[1]]
+    env = make_env("roles", env="home", roles=roles)
+    task = next(t for t in env.tasks("train", 40, seed=0) if t.data["kind"] == "copy")
+    expert = [m for m in _env().expert(task).messages if m.role == "assistant"]  # look-up, change, answer
+    look, change, answer = expert
+    other = next(d for d in ("lamp", "fan", "heater", "tv") if d != look.tool_calls[0].arguments["device"])
+    wrong_look = _call("get_state", **{**look.tool_calls[0].arguments, "device": other})
+    wrong_change = _call("set_device", **{**change.tool_calls[0].arguments,
+                                          "state": "on" if change.tool_calls[0].arguments["state"] == "off" else "off"})
+    # the expert's own turns: joint 1, and the scout matched both of its turns
+    assert _play(env, task, [look, change, answer]) == ({"scout": 1.0, "operator": 1.0}, 1.0)
+    # the operator's mistake: joint 0; the scout is still paid its half for its two right turns
+    assert _play(env, task, [look, wrong_change, answer]) == ({"scout": 0.5, "operator": 0.0}, 0.0)
+    # the scout's wrong look-up, the operator right anyway: 0.5 x 1 + 0.5 x 1/2
+    assert _play(env, task, [wrong_look, change, answer]) == ({"scout": 0.75, "operator": 1.0}, 1.0)
+    # an environment whose expert cannot be replayed is refused
+    with pytest.raises(EnvError, match="expert_weight needs a deterministic environment"):
+        _nondeterministic_roles(roles)
+    with pytest.raises(EnvError, match="expert_weight"):
+        make_env("roles", env="home", roles=[{**ROLES[0], "expert_weight": 1.5}, ROLES[1]])
+
+
+def _nondeterministic_roles(roles):
+    from trajtune.envs.adapters.roles import RolesEnv, RolesOptions
+
+    inner = make_env("home")
+    inner.deterministic = False
+    return RolesEnv(inner, RolesOptions.model_validate({"roles": roles}))
 
 
 @pytest.fixture()
@@ -107,7 +153,8 @@ def test_rollout_samples_each_role_with_its_own_adapter(two_role_model, tiny_tok
     model.get_output_embeddings().register_forward_hook(boost)
 
     def chat():  # every turn goes on (an untrained model writes no valid call), so both roles act
-        return make_env("roles", env="envfixtures:Chatter", roles=[{"name": "scout"}, {"name": "operator"}])
+        return make_env("roles", env="envfixtures:Chatter", roles=[{"name": "scout", "expert_weight": 0.5},
+                                                                    {"name": "operator"}])
 
     tasks = chat().tasks("train", 3, seed=1)
     cfg = RolloutConfig(max_turns=4, max_new_tokens=6, temperature=1.0, batch_size=3, reuse_kv_cache=reuse)
@@ -119,6 +166,14 @@ def test_rollout_samples_each_role_with_its_own_adapter(two_role_model, tiny_tok
         assert roles == ["scout", "operator", "scout", "operator"][:len(roles)] and len(roles) == ep.turns
         written = [m.extra.get("agent_role") for m in ep.trajectory.messages if m.role == "assistant"]
         assert written == roles
+        # the per-role rewards, summed over the steps: the scout's half for matching the expert's two plain
+        # turns (Chatter's expert writes four), the operator's the joint reward. A turn cut by the length
+        # limit never reached the environment (nothing answers it)
+        msgs = ep.trajectory.messages
+        stepped = [m for i, m in enumerate(msgs) if m.role == "assistant" and i + 1 < len(msgs)]
+        matched = sum(not m.tool_calls for m in stepped[0::2][:2])
+        assert tt.meta["role_rewards"]["operator"] == pytest.approx(tt.reward)
+        assert tt.meta["role_rewards"]["scout"] == pytest.approx(0.5 * tt.reward + 0.5 * matched / 2)
         sampled = torch.tensor(tt.logprobs[1:])
         for role, adapter in names.items():
             other = next(a for r, a in names.items() if r != role)
@@ -249,3 +304,18 @@ def test_role_adapter_configs_that_cannot_work_are_refused(tiny_dir, tmp_path):
     no_lora = [a for a in _rl_args(tiny_dir, tmp_path / "c") if not a.startswith("model.lora")]
     with pytest.raises(ConfigError, match="needs a LoRA model"):
         run(load_config(None, RLRunConfig, no_lora), quiet=True)
+
+
+def test_a_broken_sidecar_names_its_file_and_what_it_should_hold(tmp_path):
+    assert read_roles(tmp_path) is None and read_spec(tmp_path) is None  # an ordinary model directory
+    (tmp_path / "roles.json").write_text('{"scout": "default",')
+    with pytest.raises(DataError, match=r"roles\.json: not valid JSON .*maps role names to LoRA adapters"):
+        read_roles(tmp_path)
+    (tmp_path / "roles.json").write_text('{"scout": 1}')
+    with pytest.raises(DataError, match=r"roles\.json: expected an object mapping role names to adapter names"):
+        read_roles(tmp_path)
+    (tmp_path / "roles.json").write_text('{"scout": "default", "operator": "role_operator"}')
+    assert read_roles(tmp_path) == {"scout": "default", "operator": "role_operator"}
+    (tmp_path / "dualtune.json").write_text('{"arguments": []}')
+    with pytest.raises(DataError, match=r"dualtune\.json: expected an object with an 'arguments' map"):
+        read_spec(tmp_path)

@@ -28,7 +28,6 @@ on its own; returned caches are None and the rollout passes the full sequence ea
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ import torch
 from trajtune.chat.call_spans import call_splits
 from trajtune.errors import DataError
 from trajtune.generation import SAMPLER_HOOK, cache_kwarg
-from trajtune.models.adapters import DEFAULT, activate, peft_model  # noqa: F401 - re-exported for dualtune
+from trajtune.models.adapters import DEFAULT, activate, peft_model, read_sidecar  # noqa: F401 - re-exported for dualtune
 from trajtune.models.errors import ModelLoadError
 
 SELECTOR = DEFAULT  # peft's first adapter: what ``load_model`` loads from the final directory alone
@@ -46,15 +45,9 @@ SPEC_FILE = "dualtune.json"
 
 def read_spec(path: str | Path) -> dict[str, Any] | None:
     """The ``dualtune.json`` of a saved DualTune model directory, or None for any other model."""
-    p = Path(path) / SPEC_FILE
-    if not p.is_file():
-        return None
-    try:
-        spec = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{p}: not valid JSON ({e}); it maps tool names to DualTune argument adapters") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("arguments"), dict):
-        raise DataError(f"{p}: expected an object with an 'arguments' map (tool name → adapter)")
+    spec = read_sidecar(path, SPEC_FILE, "tool names to DualTune argument adapters")
+    if spec is not None and not (isinstance(spec, dict) and isinstance(spec.get("arguments"), dict)):
+        raise DataError(f"{Path(path) / SPEC_FILE}: expected an object with an 'arguments' map (tool name → adapter)")
     return spec
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trajtune.errors import DataError
-from trajtune.models.adapters import DEFAULT, ROLES_ATTR, peft_model
+from trajtune.models.adapters import DEFAULT, ROLES_ATTR, peft_model, read_sidecar
 from trajtune.schema import atomic_write_text
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
@@ -43,15 +43,10 @@ def adapter_names(roles: list[str]) -> dict[str, str]:
 
 def read_roles(path: str | Path) -> dict[str, str] | None:
     """The ``roles.json`` of a saved multi-role model directory, or None for any other."""
-    p = Path(path) / ROLES_FILE
-    if not p.is_file():
-        return None
-    try:
-        roles = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{p}: not valid JSON ({e}); it maps role names to LoRA adapters") from None
-    if not isinstance(roles, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items()):
-        raise DataError(f"{p}: expected an object mapping role names to adapter names")
+    roles = read_sidecar(path, ROLES_FILE, "role names to LoRA adapters")
+    if roles is not None and not (isinstance(roles, dict)
+                                  and all(isinstance(k, str) and isinstance(v, str) for k, v in roles.items())):
+        raise DataError(f"{Path(path) / ROLES_FILE}: expected an object mapping role names to adapter names")
     return roles
 
 

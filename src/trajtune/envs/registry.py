@@ -138,7 +138,7 @@ def fold(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Envi
 
 def roles(env: str, kwargs: dict[str, Any] | None = None, **options: Any) -> Environment:
     """An environment (``env``, with ``kwargs``) acted in by several roles in turn, each with its own
-    instructions and tools (options roles: [{name, tools, prompt}], order; envs/adapters/roles.py)."""
+    instructions and tools (options roles: [{name, tools, prompt, expert_weight}], order; envs/adapters/roles.py)."""
     return RolesEnv(make_env(env, **(kwargs or {})), parse_env_options(RolesOptions, "roles", options))
 
 

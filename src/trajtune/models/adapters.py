@@ -8,7 +8,11 @@ sampling and training; the rollout loop switches them per role without importing
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+from trajtune.errors import DataError
 
 DEFAULT = "default"  # peft's first adapter: what loading the final directory alone gives
 ROLES_ATTR = "trajtune_roles"  # on the PeftModel: {role: adapter} of a multi-role model
@@ -20,6 +24,19 @@ def peft_model(model: Any) -> Any:
     while not hasattr(m, "peft_config") and hasattr(m, "module"):
         m = m.module
     return m
+
+
+def read_sidecar(path: str | Path, name: str, holds: str) -> Any:
+    """The parsed ``name`` (JSON) that a saved multi-adapter model directory keeps beside its adapters
+    (``roles.json``, ``dualtune.json``), or None when ``path`` has none; ``holds`` says what it maps,
+    for the error a broken one gets."""
+    p = Path(path) / name
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{p}: not valid JSON ({e}); it maps {holds}") from None
 
 
 def activate(model: Any, adapter: str) -> None:

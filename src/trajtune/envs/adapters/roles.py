@@ -10,6 +10,14 @@ role may not use is not executed: each of its calls is answered with an error na
 tools, and the turn passes on. Success and reward are the inner environment's (a joint reward);
 an inner environment may report per-role rewards in ``info["role_rewards"]``.
 
+A joint reward blames every role for any role's mistake: a scout whose look-up was right, followed
+by the operator's wrong change, earns a negative advantage, and can unlearn the right look-up. A
+role with ``expert_weight`` w > 0 is also paid for its own part: its reward is (1 - w) x the joint
+reward + w x the share of the expert's turns for that role that it matched (the same tool calls with
+the same arguments at the same turn of the role; a turn without calls matches one without calls).
+The expert is the inner environment's, run for each task at reset (so it needs one that is
+deterministic); every role's reward then goes out in ``info["role_rewards"]``, one part per step.
+
 ``acting_role()`` says who acts next; the rollout switches to that role's LoRA adapter when the
 model has one per role (``rl.role_adapters``), records the role of every assistant turn
 (``message.extra["agent_role"]``, ``TokenTrajectory.meta["turn_roles"]``) and the learner trains
@@ -23,6 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
+from trajtune.errors import EnvError
 from trajtune.envs.tools import tool_message
 from trajtune.schema import Message, Trajectory
 
@@ -34,6 +43,9 @@ class RoleSpec(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$", description="the role's name (also its adapter's)")
     tools: list[str] | None = Field(None, description="the tools this role may call (default: all)")
     prompt: str = Field("", description="what this role is for, shown in the note before each of its turns")
+    expert_weight: float = Field(0.0, ge=0.0, le=1.0, description=(
+        "the share of this role's reward paid for matching the expert's turns for the role (module doc); "
+        "0: the joint reward alone"))
 
 
 class RolesOptions(BaseModel):
@@ -69,6 +81,11 @@ class RolesEnv(Environment):
         self.install = getattr(inner, "install", "")
         self.k = 0
         self.tool_names: list[str] = []
+        self.expert_turns: dict[str, list[Any]] = {}  # role -> the expert's calls of each of its turns
+        self.paid = any(r.expert_weight > 0 for r in options.roles)
+        if self.paid and not inner.deterministic:
+            raise EnvError(f"roles option expert_weight needs a deterministic environment, and {inner.name} is not: "
+                             "its expert's turns would not be the ones this episode's state calls for")
 
     def acting_role(self) -> str:
         """The role whose turn is next."""
@@ -85,6 +102,9 @@ class RolesEnv(Environment):
 
     def reset(self, task: Task) -> ResetResult:
         self.k = 0
+        if self.paid:  # before the reset: a scripted expert runs its episode in the environment itself
+            actions = [m for m in self.inner.expert(task).messages if m.role == "assistant"]
+            self.expert_turns = {r: [_calls(a) for a in actions[i::len(self.roles)]] for i, r in enumerate(self.roles)}
         res = self.inner.reset(task)
         self.tool_names = [t.name for t in res.tools]
         return ResetResult(messages=[*res.messages, note(self._spec(), self.tool_names)], tools=res.tools)
@@ -101,6 +121,8 @@ class RolesEnv(Environment):
             out = self.inner.step(action)
             if isinstance(out.info.get("tools"), list) and out.info["tools"]:
                 self.tool_names = [getattr(t, "name", None) or t["name"] for t in out.info["tools"]]
+        if self.paid:
+            out.info["role_rewards"] = self._role_rewards(spec, action, float(out.reward))
         self.k += 1
         if not out.done and not (out.termination and out.termination != "done"):
             out.observations = [*out.observations, note(self._spec(), self.tool_names)]
@@ -108,6 +130,15 @@ class RolesEnv(Environment):
 
     def success(self) -> bool:
         return self.inner.success()
+
+    def _role_rewards(self, spec: RoleSpec, action: Message, reward: float) -> dict[str, float]:
+        """This step's part of every role's reward: the joint reward's share for each, plus the acting
+        role's share for matching the expert's turn (module doc)."""
+        out = {r.name: (1.0 - r.expert_weight) * reward for r in self.options.roles}
+        turns, j = self.expert_turns.get(spec.name, []), self.k // len(self.roles)
+        if spec.expert_weight > 0 and j < len(turns) and _calls(action) == turns[j]:
+            out[spec.name] += spec.expert_weight / len(turns)
+        return out
 
     def render(self) -> str:
         return f"[next: {self.acting_role()}] {self.inner.render()}"
@@ -134,3 +165,9 @@ class RolesEnv(Environment):
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+
+def _calls(action: Message) -> list[tuple[str, Any]]:
+    """What a turn did, for comparing it with the expert's: its calls' names and arguments, in order."""
+    return [(c.name, c.arguments if c.arguments is not None else (c.arguments_raw or c.input))
+            for c in action.tool_calls or []]
