@@ -222,7 +222,7 @@ def main() -> None:
         print(f"{r['seed']:<5} {r['weak_checkpoint']:<12} {r['before']:>7.0%} {r['role_adapters']:>21.0%} "
               f"{r['shared']:>19.0%} {paid:>26} {r['sft_final']:>15.0%}")
     dest = Path(__file__).parent / "results" / a.result
-    shown = " ".join(f"--set {x}" for x in a.set)
+    shown = ("--set " + " ".join(a.set)) if a.set else ""  # one --set takes every KEY=VALUE (a second would replace it)
     extra = {"first_mistakes": failures(a.out, a.seeds)} if a.failures else {}
     dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs, **extra,
                                 "command": f"python benchmarks/roles_showcase.py --seeds {' '.join(map(str, a.seeds))} "
