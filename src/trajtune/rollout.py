@@ -353,12 +353,23 @@ def _generate_turn(model: Any, tok: Any, sampler: Any, active: list[_Live], cfg:
     roles = [e.env.acting_role() if hasattr(e.env, "acting_role") else None for e in active]
     if any(r is not None for r in roles):
         return _generate_by_role(model, tok, sampler, active, roles, room, cfg, eot_ids, round_seed)
+    return _sample(model, tok, sampler, active, room, cfg, eot_ids, round_seed, None)
+
+
+def _sample(model: Any, tok: Any, sampler: Any, rows: list[_Live], room: list[int], cfg: RolloutConfig,
+            eot_ids: list[int], seed: int, role: str | None) -> list[tuple[list[int], list[float], bool]]:
+    """One turn for ``rows``: through the sampler, continuing each row's KV cache (the episode's own,
+    or with ``role`` that role's), or, without a sampler, ``generate()`` over the whole context."""
     if sampler is None:
-        return _generate(model, tok, [e.ids for e in active], room, cfg, eot_ids, round_seed)
-    outs = sampler.turn([(e.cache, e.ids[e.cache.n if e.cache else 0:]) for e in active], room, round_seed)
+        return _generate(model, tok, [e.ids for e in rows], room, cfg, eot_ids, seed)
+    caches = [e.cache if role is None else e.role_caches.get(role) for e in rows]
+    outs = sampler.turn([(c, e.ids[c.n if c else 0:]) for e, c in zip(rows, caches)], room, seed)
     gens = []
-    for e, (ids, lps, ended, cache) in zip(active, outs):
-        e.cache = cache
+    for e, (ids, lps, ended, cache) in zip(rows, outs):
+        if role is None:
+            e.cache = cache
+        else:
+            e.role_caches[role] = cache
         gens.append((ids, lps, ended))
     return gens
 
@@ -382,19 +393,8 @@ def _generate_by_role(model: Any, tok: Any, sampler: Any, active: list[_Live], r
                 if role not in adapters:
                     raise ValueError(f"the model has no adapter for role {role!r} (its roles: {', '.join(adapters)})")
                 activate(model, adapters[role])
-            seed = _round_seed(round_seed, k)
-            if sampler is None:
-                outs = _generate(model, tok, [active[i].ids for i in rows], [room[i] for i in rows], cfg, eot_ids,
-                                 seed)
-            else:
-                key = role or ""
-                calls = [(active[i].role_caches.get(key), active[i].ids[active[i].role_caches[key].n
-                                                                        if active[i].role_caches.get(key) else 0:])
-                         for i in rows]
-                outs = []
-                for i, (ids, lps, ended, cache) in zip(rows, sampler.turn(calls, [room[i] for i in rows], seed)):
-                    active[i].role_caches[key] = cache
-                    outs.append((ids, lps, ended))
+            outs = _sample(model, tok, sampler, [active[i] for i in rows], [room[i] for i in rows], cfg, eot_ids,
+                           _round_seed(round_seed, k), role or "")
             for i, out in zip(rows, outs):
                 gens[i] = out
                 active[i].acting = role
