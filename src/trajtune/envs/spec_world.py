@@ -201,7 +201,8 @@ def writable(world: dict[str, Any]) -> list[dict[str, Any]]:
         props = t["parameters"].get("properties", {})
         if t["op"] in READS:
             continue
-        if t["op"] == "update" and not set(props) - {t.get("id_param"), world["resources"][t["resource"]].get("descriptor")}:
+        descriptor = world["resources"][t["resource"]].get("descriptor")
+        if t["op"] == "update" and not set(props) - {t.get("id_param"), descriptor}:
             continue
         out.append(t)
     return out
