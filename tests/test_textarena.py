@@ -16,6 +16,7 @@ from trajtune.plugins.textarena_env import (
     TextArenaNotInstalledError,
     available_moves,
     new_text,
+    tictactoe_move,
 )
 from trajtune.schema import Message, ToolCall
 
@@ -203,3 +204,62 @@ def test_a_game_that_needs_an_nltk_corpus_offline_names_the_resource(monkeypatch
     monkeypatch.setattr(textarena, "make", make)
     with pytest.raises(EnvError, match=r"NLTK resource 'words' \(python -m nltk.downloader words"):
         TextArenaEnv(game="Wordle-v0")
+
+
+def _first_move(messages, tools):
+    return say(available_moves(messages[-1].text())[0])
+
+
+def test_self_play_gives_each_seat_its_own_turn_and_reward():
+    # both seats play the first available move: player 0 takes 0, 2, 4, 6 and wins on the 2-4-6 diagonal
+    env = make_env("textarena", game="TicTacToe-v0", opponent="self")
+    assert env.roles == ("player0", "player1")
+    view = env.reset(env.tasks("test", 1)[0]).messages[-1]
+    acted = []
+    for _ in range(9):
+        acted.append(env.acting_role())
+        out = env.step(_first_move([view], []))
+        if out.done:
+            break
+        view = out.observations[-1]
+    assert acted == ["player0", "player1"] * 3 + ["player0"]
+    assert out.info["role_rewards"] == {"player0": 1.0, "player1": -1.0}
+    assert out.reward == 0.0 and env.success()  # the mean of the seats'; played to the end without an invalid move
+
+
+def test_self_play_views_rejected_moves_and_options():
+    env = make_env("textarena", game="TicTacToe-v0", opponent="self")
+    traj = run_episode(env, env.tasks("test", 1)[0], _first_move)
+    users = [m.text() for m in traj.messages if m.role == "user"]
+    assert [u.splitlines()[0] for u in users[:3]] == ["[Player 0 to move]", "[Player 1 to move]", "[Player 0 to move]"]
+    # each player reads its own rules once, with its own mark, and never the other's
+    assert "As Player 0, you will be 'O'" in users[0] and "Player 1, you will" not in users[0]
+    assert "As Player 1, you will be 'X'" in users[1] and "Player 0, you will" not in users[1]
+    assert "You are Player" not in "".join(users[2:])
+    assert "[Player 0] " not in users[1]  # the move's echo is the assistant message, not repeated
+    # a rejected move: the game asks the same seat again, so the same role acts again
+    env.reset(env.tasks("test", 1)[0])
+    env.step(say("[4]"))
+    assert env.acting_role() == "player1"
+    out = env.step(say("[44]"))
+    assert not out.done and env.acting_role() == "player1" and "invalid move" in out.observations[0].text()
+    while not out.done:  # the seat keeps failing: the game's allowance runs out and that seat loses
+        out = env.step(say("[44]"))
+    assert out.info["role_rewards"]["player1"] < out.info["role_rewards"]["player0"]
+    assert out.info["invalid_move"] and not env.success()
+    assert out.reward == sum(out.info["role_rewards"].values()) / 2
+    # the perfect expert in both seats: every game a draw, also when it draws among equally good moves
+    import random
+
+    rng = random.Random(0)
+    games = set()
+    for task in env.tasks("test", 6, seed=1):
+        t = env.expert(task)
+        assert t.outcome.success and t.reward == 0.0
+        t = run_episode(env, task, lambda m, tools: say(f"[{tictactoe_move(m, rng)}]"))
+        assert t.outcome.success and t.reward == 0.0
+        games.add(tuple(m.text() for m in t.messages if m.role == "assistant"))
+    assert len(games) > 1
+    for bad in ({"seat": 0}, {"opponent_model": "x"}):
+        with pytest.raises(EnvError, match="mean nothing in self-play"):
+            make_env("textarena", game="TicTacToe-v0", opponent="self", **bad)

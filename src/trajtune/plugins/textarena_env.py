@@ -27,8 +27,19 @@ local model such as a frozen checkpoint of the policy. The agent's seat is ``sea
 its own player's view of the game, and its moves happen inside ``step``; the agent's reward is its
 seat's reward from ``close()`` (win 1, draw 0, loss -1 in the board games) and success is a win. An
 opponent that fails (raises, hangs past ``opponent_timeout_s``, answers nothing) ends the episode as
-``env_error``, never as the agent's loss. Self-play with both seats trained is not built: one
-episode trains one seat's tokens.
+``env_error``, never as the agent's loss.
+
+Self-play (``opponent: self``): the policy plays both seats of one game, as two roles of one episode
+(``player0``, ``player1``; ``acting_role()`` follows the game, so a seat asked to move again after an
+invalid move acts again). Each turn's observation is the acting player's own view, what it has not
+seen yet, under a ``[Player N to move]`` line; the players share the transcript, as in a game played
+at one table. At the end each seat's reward from ``close()`` goes out in ``info["role_rewards"]``,
+so RL makes a training row and a group baseline per seat (``algorithms/roles.py``; with
+``rl.role_adapters`` each seat also has its own adapter). The episode's own reward is the mean of the
+two seats' (0 in a zero-sum game such as TicTacToe, where a seat that runs out of invalid moves loses
+and the other wins) and success is a game played to its end without an invalid move. To measure the
+trained policy, play it against a frozen copy: in self-play with one seat's adapter frozen, or with
+``opponent`` a model.
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ import re
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajtune.envs.adapters.gym_text import GymTextEnv
 from trajtune.envs.base import ResetResult, StepResult, Task, parse_env_options
@@ -71,11 +82,21 @@ class TextArenaOptions(BaseModel):
     instructions: bool = Field(True, description="open with a short system instruction (false: the game's own "
                                "text only)")
     opponent: str | None = Field(None, description="two-player games: who plays the other seat (random, first, "
-                                 "openai:URL or a local model such as a frozen checkpoint); None: one-player games")
+                                 "openai:URL, a local model such as a frozen checkpoint, or self: the policy plays "
+                                 "both seats); None: one-player games")
     opponent_model: str = Field("", description="the model's name at an openai:URL opponent")
     seat: Literal[0, 1, "alternate"] = Field("alternate", description="the agent's seat in a two-player game "
                                              "(alternate: (task seed // 2) % 2, so both seats are played)")
     opponent_timeout_s: float = Field(60.0, gt=0, description="seconds the opponent may take per move")
+
+    @model_validator(mode="after")
+    def _self_play(self) -> "TextArenaOptions":
+        if self.opponent == "self":
+            unused = sorted({"seat", "opponent_model", "opponent_timeout_s"} & self.model_fields_set)
+            if unused:
+                raise ValueError(f"{', '.join(unused)} mean nothing in self-play (opponent: self): the policy plays "
+                                 "both seats")
+        return self
 
 
 def _ta() -> Any:
@@ -145,7 +166,8 @@ class TextArenaGame:
     (obs, reward, terminated, truncated, info)``, for the agent's seat (the opponent, in a two-player
     game, moves inside ``reset`` and ``step``)."""
 
-    def __init__(self, game: str, opponent: Opponent | None = None, seat: int | str = 0) -> None:
+    def __init__(self, game: str, opponent: Opponent | None = None, seat: int | str = 0,
+                 selfplay: bool = False) -> None:
         ta = _ta()
         try:
             self._make = lambda: ta.make(game)
@@ -165,10 +187,13 @@ class TextArenaGame:
         self.env: Any = None
         self.seen = ""
         self.opponent_moves: list[str] = []
+        self.selfplay = selfplay
+        self.seen_by: dict[int, str] = {}  # self-play: each player's view so far
+        self.acting = 0  # self-play: the player to move
 
     def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
         self.env = self._make()
-        players = 1 if self.opponent is None else 2
+        players = 2 if self.opponent is not None or self.selfplay else 1
         self.seat = 0 if self.opponent is None else (
             ((seed or 0) // 2) % 2 if self.seat_option == "alternate" else int(self.seat_option))
         self.opponent_moves = []
@@ -181,6 +206,9 @@ class TextArenaGame:
                 from None
         except LookupError as e:  # an NLTK corpus the game needs and cannot download offline
             raise _offline(self.game, e) from None
+        if self.selfplay:
+            self.seen_by = {}
+            return self._view(), {}
         if self.opponent is not None:
             self.opponent.start(seed or 0)
             if self._opponent_plays():
@@ -189,6 +217,13 @@ class TextArenaGame:
         _, log = self.env.get_observation()
         self.seen = log
         return new_text("", log), {}
+
+    def _view(self) -> str:
+        """Self-play: what the player to move has not seen yet, under a line that says who moves."""
+        pid, log = self.env.get_observation()
+        text = new_text(self.seen_by.get(pid, ""), log)
+        self.seen_by[pid], self.acting = log, int(pid)
+        return f"[Player {pid} to move]\n{text}"
 
     def _opponent_plays(self) -> bool:
         """The opponent moves until it is the agent's turn; True when the game ended meanwhile."""
@@ -204,6 +239,13 @@ class TextArenaGame:
 
     def _over(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
         rewards, game_info = self.env.close()
+        if self.selfplay:
+            seats = {f"player{s}": float(rewards.get(s, 0.0)) for s in (0, 1)}
+            invalid = any(bool(game_info.get(s, {}).get("invalid_move")) for s in (0, 1))
+            reason = next((str(g.get("reason", "")).strip() for g in game_info.values() if g.get("reason")), "")
+            info = {"role_rewards": seats, "invalid_move": invalid, "success": not invalid, "reason": reason,
+                    "game_reward": sum(seats.values()) / 2}
+            return f"[GAME] {reason or 'The game is over.'}", info["game_reward"], True, False, info
         info = dict(game_info.get(self.seat, {}))
         reward = float(rewards.get(self.seat, 0.0))
         info.update({"success": reward >= 1.0, "game_reward": reward})
@@ -217,6 +259,8 @@ class TextArenaGame:
         done, _ = self.env.step(action)
         if done or (self.opponent is not None and self._opponent_plays()):
             return self._over()
+        if self.selfplay:
+            return self._view(), 0.0, False, False, {}
         _, log = self.env.get_observation()
         text, self.seen = new_text(self.seen, log), log
         return text, 0.0, False, False, {}
@@ -229,18 +273,24 @@ class TextArenaEnv(GymTextEnv):
     """A one-player TextArena game through the gym adapter (see the module docstring)."""
 
     description = ("TextArena's text games (GuessTheNumber, TowerOfHanoi, Minesweeper, ...; two-player ones such as "
-                   "TicTacToe against a fixed opponent): move in text as the game asks; options game, opponent, "
-                   "seat, max_turns (extra: textarena).")
+                   "TicTacToe against a fixed opponent or in self-play): move in text as the game asks; options game, "
+                   "opponent, seat, max_turns (extra: textarena).")
     options_model = TextArenaOptions
     install = INSTALL_HINT
 
     def __init__(self, **options: Any) -> None:
         self.options = o = parse_env_options(TextArenaOptions, "textarena", options)
-        opponent = None if o.opponent is None else Opponent(o.opponent, model=o.opponent_model,
-                                                             timeout_s=o.opponent_timeout_s)
-        super().__init__(lambda: TextArenaGame(o.game, opponent, o.seat), name="textarena",
+        selfplay = o.opponent == "self"
+        opponent = None if o.opponent is None or selfplay else Opponent(o.opponent, model=o.opponent_model,
+                                                                        timeout_s=o.opponent_timeout_s)
+        super().__init__(lambda: TextArenaGame(o.game, opponent, o.seat, selfplay), name="textarena",
                          instructions=INSTRUCTIONS if o.instructions else "", max_turns=o.max_turns)
         self.description = type(self).description
+        self.roles = ("player0", "player1") if selfplay else ()
+
+    def acting_role(self) -> str | None:
+        """Self-play: the seat the game asks to move (module docstring); None otherwise."""
+        return f"player{self.gym.acting}" if self.roles else None
 
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
         return game_tasks("textarena", split, n, seed, "game", self.options.game)
@@ -256,7 +306,8 @@ class TextArenaEnv(GymTextEnv):
         out = super().step(action)
         if out.done:
             out.info = {**out.info, **{k: v for k, v in self.info.items() if k in (
-                "success", "reason", "invalid_move", "turn_count", "seat", "opponent", "opponent_invalid_move")}}
+                "success", "reason", "invalid_move", "turn_count", "seat", "opponent", "opponent_invalid_move",
+                "role_rewards")}}
         return out
 
     def success(self) -> bool:
@@ -264,7 +315,7 @@ class TextArenaEnv(GymTextEnv):
 
     def expert(self, task: Task) -> Trajectory:
         """Binary search on the game's higher/lower hints (GuessTheNumber games), perfect play by minimax
-        on the board the agent was shown (TicTacToe-v0, against an opponent)."""
+        on the board the agent was shown (TicTacToe-v0, against an opponent or in self-play: both seats)."""
         game = self.options.game
         if not (game.startswith("GuessTheNumber") or game == "TicTacToe-v0"):
             raise NotImplementedError(f"textarena game {game!r} has no scripted expert "
@@ -303,10 +354,13 @@ def _minimax(b: tuple[str, ...], me: str, turn: str) -> int:
     return max(scores) if turn == me else min(scores)
 
 
-def tictactoe_move(messages: list[Message]) -> int:
-    """The best cell for the agent on the last board it was shown (the lowest of equally good ones)."""
+def tictactoe_move(messages: list[Message], rng: random.Random | None = None) -> int:
+    """The best cell for the agent on the last board it was shown: the lowest of equally good ones, or
+    one drawn by ``rng`` among them (varied perfect play, for SFT data in which games differ)."""
     text = "\n".join(m.text() for m in messages if m.role == "user")
-    mark = re.search(r"you will be '([XO])'", text)
+    last = next((m.text() for m in reversed(messages) if m.role == "user"), "")
+    head = re.match(r"\[Player (\d) to move\]", last)  # self-play: the seat to move, whose mark counts
+    mark = re.search(rf"As Player {head.group(1)}, you will be '([XO])'" if head else r"you will be '([XO])'", text)
     rows = re.findall(r"^ (\S) \| (\S) \| (\S) $", text, re.M)[-3:]
     if mark is None or len(rows) != 3:
         raise EnvError("TicTacToe expert: the game text has no mark ('you will be X') or no board")
@@ -314,7 +368,9 @@ def tictactoe_move(messages: list[Message]) -> int:
     board = tuple(c for r in rows for c in r)
     other = "O" if me == "X" else "X"
     free = [i for i, c in enumerate(board) if c not in "XO"]
-    return max(free, key=lambda i: (_minimax(board[:i] + (me,) + board[i + 1:], me, other), -i))
+    value = {i: _minimax(board[:i] + (me,) + board[i + 1:], me, other) for i in free}
+    best = [i for i in free if value[i] == max(value.values())]
+    return rng.choice(best) if rng is not None else best[0]
 
 
 def _range(messages: list[Message]) -> tuple[int, int]:
