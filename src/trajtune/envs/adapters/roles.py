@@ -31,8 +31,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
-from trajtune.errors import EnvError
 from trajtune.envs.tools import tool_message
+from trajtune.errors import EnvError
 from trajtune.schema import Message, Trajectory
 
 ROLE_KEY = "agent_role"  # Message.extra: the role that wrote an assistant turn, or a note is for
@@ -85,7 +85,7 @@ class RolesEnv(Environment):
         self.paid = any(r.expert_weight > 0 for r in options.roles)
         if self.paid and not inner.deterministic:
             raise EnvError(f"roles option expert_weight needs a deterministic environment, and {inner.name} is not: "
-                             "its expert's turns would not be the ones this episode's state calls for")
+                           "its expert's turns would not be the ones this episode's state calls for")
 
     def acting_role(self) -> str:
         """The role whose turn is next."""
