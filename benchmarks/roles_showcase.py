@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _tiny_runs import apply_sets, tiny_sft
+
 ROLES = [{"name": "scout", "tools": ["get_state"], "prompt": "Look up what the operator needs."},
          {"name": "operator", "prompt": "Change the devices."}]
 ENV = {"name": "roles", "kwargs": {"env": "home", "kwargs": {"kinds": ["copy", "toggle"]}, "roles": ROLES}}
@@ -71,28 +73,12 @@ def _success(model_dir: Path, tasks: list[Any], seed: int, out: Path, label: str
 
 
 def _sft(out: Path, seed: int) -> Path:
-    from trajtune.algorithms.sft import SFTRunConfig
-    from trajtune.chat.render import message_to_template_dict, tools_to_template
-    from trajtune.models.tiny import build_tokenizer, create_tiny_model
-    from trajtune.schema import write_trajectories
-    from trajtune.train import run_sft
-
     tasks = _env().tasks("train", P["n_train"], seed=seed)
     experts = [_env().expert(t) for t in tasks]
     assert all(e.outcome and e.outcome.success for e in experts)
-    write_trajectories(out / "data" / "train.jsonl", experts)
-    probe = build_tokenizer(["probe"], vocab_size=300)
-    texts = [probe.apply_chat_template([message_to_template_dict(m) for m in t.messages],
-                                       tools=tools_to_template(t.tools), tokenize=False) for t in experts[:500]]
-    base = create_tiny_model(out / "base-model", texts, vocab_size=P["vocab_size"], preset=P["preset"], seed=seed)
-    run_sft(SFTRunConfig.model_validate({
-        "model": str(base), "output_dir": str(out / "sft"), "seed": seed,
-        "data": {"path": str(out / "data" / "train.jsonl"), "format": "ir", "max_length": P["max_length"]},
-        "train": {"steps": P["sft_steps"], "lr": P["sft_lr"], "batch_size": P["batch_size"],
-                  "micro_batch_size": P["batch_size"], "warmup_steps": P["sft_steps"] // 20,
-                  "save_every": P["save_every"], "keep_last": P["sft_steps"] // P["save_every"] + 1},
-        "report": False}))
-    return out / "sft"
+    return tiny_sft(out, experts, seed=seed, vocab_size=P["vocab_size"], preset=P["preset"], steps=P["sft_steps"],
+                    lr=P["sft_lr"], batch_size=P["batch_size"], max_length=P["max_length"], tokenizer_episodes=500,
+                    save_every=P["save_every"], keep_last=P["sft_steps"] // P["save_every"] + 1)
 
 
 def _weak(sft: Path, seed: int, out: Path) -> tuple[Path, dict[str, float]]:
@@ -208,11 +194,7 @@ def main() -> None:
     ap.add_argument("--failures", action="store_true", help="classify the failed test episodes by first mistake "
                     "(from the evaluations already written) and add the table to the result file")
     a = ap.parse_args()
-    for item in a.set:
-        key, _, raw = item.partition("=")
-        if key not in P:
-            ap.error(f"unknown setting {key!r}; known: {', '.join(P)}")
-        P[key] = json.loads(raw)
+    shown = apply_sets(ap, a.set, P)
     runs = [json.loads((a.out / f"s{s}" / "summary.json").read_text()) if a.collect else run_seed(s, a.out / f"s{s}")
             for s in a.seeds]
     print(f"{'seed':<5} {'weak ckpt':<12} {'before':>7} {'RL, adapter per role':>21} {'RL, shared adapter':>19} "
@@ -222,7 +204,6 @@ def main() -> None:
         print(f"{r['seed']:<5} {r['weak_checkpoint']:<12} {r['before']:>7.0%} {r['role_adapters']:>21.0%} "
               f"{r['shared']:>19.0%} {paid:>26} {r['sft_final']:>15.0%}")
     dest = Path(__file__).parent / "results" / a.result
-    shown = ("--set " + " ".join(a.set)) if a.set else ""  # one --set takes every KEY=VALUE (a second would replace it)
     extra = {"first_mistakes": failures(a.out, a.seeds)} if a.failures else {}
     dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs, **extra,
                                 "command": f"python benchmarks/roles_showcase.py --seeds {' '.join(map(str, a.seeds))} "

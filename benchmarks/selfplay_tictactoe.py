@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _tiny_runs import apply_sets, tiny_sft
+
 ENV = {"name": "textarena", "kwargs": {"game": "TicTacToe-v0", "opponent": "self"}}
 P: dict[str, Any] = {
     "n_train": 400, "preset": "micro", "vocab_size": 1024, "sft_steps": 300, "sft_lr": 1e-3, "batch_size": 8,
@@ -47,7 +49,7 @@ def _env() -> Any:
 def _data(out: Path, seed: int) -> list[Any]:
     from trajtune.envs.runner import run_episode
     from trajtune.plugins.textarena_env import tictactoe_move
-    from trajtune.schema import Message, write_trajectories
+    from trajtune.schema import Message
 
     env, trajs = _env(), []
     for task in env.tasks("train", P["n_train"], seed=seed):
@@ -56,28 +58,13 @@ def _data(out: Path, seed: int) -> list[Any]:
                            max_turns=P["max_turns"])
         assert traj.outcome and traj.outcome.success and traj.reward == 0.0  # perfect play: a draw
         trajs.append(traj)
-    write_trajectories(out / "data" / "train.jsonl", trajs)
     return trajs
 
 
 def _sft(out: Path, seed: int) -> Path:
-    from trajtune.algorithms.sft import SFTRunConfig
-    from trajtune.chat.render import message_to_template_dict, tools_to_template
-    from trajtune.models.tiny import build_tokenizer, create_tiny_model
-    from trajtune.train import run_sft
-
-    games = _data(out, seed)
-    probe = build_tokenizer(["probe"], vocab_size=300)
-    texts = [probe.apply_chat_template([message_to_template_dict(m) for m in t.messages],
-                                       tools=tools_to_template(t.tools), tokenize=False) for t in games[:200]]
-    base = create_tiny_model(out / "base-model", texts, vocab_size=P["vocab_size"], preset=P["preset"], seed=seed)
-    run_sft(SFTRunConfig.model_validate({
-        "model": str(base), "output_dir": str(out / "sft"), "seed": seed,
-        "data": {"path": str(out / "data" / "train.jsonl"), "format": "ir", "max_length": P["max_length"]},
-        "train": {"steps": P["sft_steps"], "lr": P["sft_lr"], "batch_size": P["batch_size"],
-                  "micro_batch_size": P["batch_size"], "warmup_steps": P["sft_steps"] // 20},
-        "report": False}))
-    return out / "sft" / "final"
+    return tiny_sft(out, _data(out, seed), seed=seed, vocab_size=P["vocab_size"], preset=P["preset"],
+                    steps=P["sft_steps"], lr=P["sft_lr"], batch_size=P["batch_size"], max_length=P["max_length"],
+                    tokenizer_episodes=200) / "final"
 
 
 ARMS = {"shared": False, "role_adapters": True}  # arm -> rl.role_adapters
@@ -216,11 +203,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="change a setting of P (JSON values)")
     ap.add_argument("--result", default="selfplay_tictactoe.json", help="file name under benchmarks/results")
     a = ap.parse_args()
-    for item in a.set:
-        key, _, raw = item.partition("=")
-        if key not in P:
-            ap.error(f"unknown setting {key!r}; known: {', '.join(P)}")
-        P[key] = json.loads(raw)
+    shown = apply_sets(ap, a.set, P)
     runs = [json.loads((a.out / f"s{s}" / "summary.json").read_text()) if a.collect else run_seed(s, a.out / f"s{s}")
             for s in a.seeds]
     cell = "{win:.0%} / {draw:.0%} / {loss:.0%} / {unfinished:.0%}".format
@@ -232,8 +215,7 @@ def main() -> None:
     dest = Path(__file__).parent / "results" / a.result
     dest.write_text(json.dumps({"settings": P, "env": ENV, "runs": runs, "training_game_endings": endings(a.out, a.seeds),
                                 "command": f"python benchmarks/selfplay_tictactoe.py --seeds "
-                                           f"{' '.join(map(str, a.seeds))} --out {a.out} "
-                                           + (("--set " + " ".join(a.set)) if a.set else "")}, indent=1))
+                                           f"{' '.join(map(str, a.seeds))} --out {a.out} {shown}".strip()}, indent=1))
     print(f"wrote {dest}")
 
 
