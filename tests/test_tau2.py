@@ -236,6 +236,22 @@ def test_retail_runs_and_its_judge_only_assertions_are_reported_unscored():
     assert traj.outcome.success and env.result["unscored"] == ["NL_ASSERTION"]
 
 
+def test_a_wrongly_typed_argument_is_refused_before_the_server_can_write_it():
+    """The retail server writes a list into a string field; τ²-bench's own tool refuses it (and its verdict,
+    plugins/tau2/official.py, found the difference), so the environment checks the schema first."""
+    env = make_env("tau2", domain="retail")
+    task = env.task_by_id("5")
+    args = {"user_id": "mei_kovacs_8020", "address1": "1 Main St", "address2": ["Suite 1"], "city": "Charlotte",
+            "state": "NC", "country": "USA", "zip": "28236"}
+    traj = run_episode(env, task, script(call("modify_user_address", **args)))
+    tool = next(m for m in traj.messages if m.role == "tool")
+    assert tool.text() == "Error: argument 'address2' of modify_user_address must be string, got list"
+    assert env.result["agent_changed"] == [] and env.calls[0]["name"] == "modify_user_address"
+    run_episode(env, task, script(call("modify_user_address", **{**args, "address2": "Suite 1"})))
+    assert env.result["agent_changed"] == ["users/mei_kovacs_8020"]  # well typed, the same call writes
+    env.close()
+
+
 def test_nl_judge_replies_are_read_per_assertion_and_anything_else_is_an_error():
     from trajtune.plugins.tau2.score import nl_judge_messages, parse_nl_results
 

@@ -88,7 +88,7 @@ _ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model alias, .ggu
 _EnvOpt = Annotated[Optional[str], typer.Option("--env", "-e", help="Environment: a name (`trajtune envs list`), module:Class, an inline YAML mapping such as "
                                                  "'{gym: mymod:Game}' / '{mcp: {command: [python, srv.py], tasks_file: t.jsonl}}' / "
                                                  "'{python_tools: mymod:Tools, kwargs: {...}}', or a YAML file with one (docs/envs.md).")]
-_BenchmarkOpt = Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark (an eval-suite plug-in): bfcl, textworld, or one an installed package adds (docs/envs.md, Plug-ins).")]
+_BenchmarkOpt = Annotated[Optional[str], typer.Option("--benchmark", "-b", help="External benchmark (an eval-suite plug-in): bfcl, textworld, tau2 (τ²-bench with its official evaluator), or one an installed package adds (docs/envs.md, Plug-ins).")]
 _CategoriesOpt = Annotated[Optional[str], typer.Option(
     "--categories", help="BFCL categories, comma-separated: names (simple, multiple, parallel, ...), "
                          "or groups (single_turn, multi_turn, live, non_live, all). Default: all.")]

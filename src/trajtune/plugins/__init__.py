@@ -53,6 +53,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     EVAL_SUITES: {
         "bfcl": "trajtune.plugins.bfcl.suite:BFCLSuite",
         "textworld": "trajtune.plugins.textworld:TextWorldSuite",
+        "tau2": "trajtune.plugins.tau2.suite:Tau2Suite",
     },
 }
 

