@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learn_from_attempts import _evaluate
+from learn_from_attempts import _evaluate, finished_demo
 
 ARMS: dict[str, dict[str, Any] | None] = {
     "sft": None,
@@ -112,10 +112,7 @@ def main() -> None:
     from trajtune.train import run
 
     demo = Path(a.demo)
-    if not (demo / "summary.json").exists():
-        raise SystemExit(f"{demo} holds no finished demo; run `trajtune demo --out {demo}` first "
-                         "(257 s on 2 CPU cores)")
-    settings = json.loads((demo / "summary.json").read_text())["settings"]
+    settings = finished_demo(demo)["settings"]
     start = _start(demo, a.start_step)
     work = Path(a.work)
     t0 = time.time()

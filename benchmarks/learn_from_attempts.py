@@ -52,6 +52,13 @@ LRS = {"rft": [2.0e-4, 5.0e-4, 1.0e-3], "dpo": [1.0e-5, 3.0e-5, 1.0e-4], "grpo":
 SELECTION_SEED, VALIDATION_SEED = 100, 999
 
 
+def finished_demo(demo: Path) -> dict[str, Any]:
+    """The summary of a finished ``trajtune demo`` run (its settings and chosen checkpoint)."""
+    if not (demo / "summary.json").exists():
+        raise SystemExit(f"{demo} holds no finished demo; run `trajtune demo --out {demo}` first (257 s on 2 CPU cores)")
+    return json.loads((demo / "summary.json").read_text())
+
+
 def _weak_checkpoint(demo: Path, summary: dict[str, Any]) -> Path:
     ckpt = demo / "sft" / "checkpoints" / f"step-{summary.get('weak_sft_step', -1):06d}"
     if not ckpt.is_dir():
@@ -107,9 +114,7 @@ def main() -> None:
     from trajtune.train import run
 
     demo = Path(a.demo)
-    if not (demo / "summary.json").exists():
-        raise SystemExit(f"{demo} holds no finished demo; run `trajtune demo --out {demo}` first (257 s on 2 CPU cores)")
-    summary = json.loads((demo / "summary.json").read_text())
+    summary = finished_demo(demo)
     settings = summary["settings"]
     start = _weak_checkpoint(demo, summary)
     work = Path(a.work)

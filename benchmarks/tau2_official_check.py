@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from trajtune.envs.registry import make_env
-from trajtune.envs.runner import run_episode
 from trajtune.plugins.tau2.env import DOMAINS, Tau2Env
 from trajtune.plugins.tau2.official import OfficialEvaluator, agrees, episode_item, ours
 from trajtune.schema import Message, ToolCall
@@ -113,12 +112,7 @@ AGENTS = ("expert", "refuse", "silent", "skip_write", "double_write", "reads_onl
 
 def play(env: Tau2Env, task: Any, agent: str) -> Any:
     plan, limit = variant(env, task, agent)
-    steps = iter(plan)
-
-    def policy(messages: list[Message], tools: list[Any]) -> Message:
-        return next(steps, Message(role="assistant", content="###STOP###"))
-
-    return run_episode(env, task, policy, max_turns=limit if limit is not None else len(plan) + 2)
+    return env.play(task, plan, limit)
 
 
 def main() -> None:

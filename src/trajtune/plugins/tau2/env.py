@@ -481,21 +481,22 @@ class Tau2Env(Environment):
         a write, a refusal when the gold actions write nothing (in these domains such a task is one
         the policy forbids), the transfer line after a transfer. It reads the gold actions, not the
         observations: SFT data, not a policy."""
-        from trajtune.envs.runner import run_episode
-
-        plan = self.expert_plan(task)
-        steps = iter(plan)
-
-        def policy(messages: list[Message], tools: list[ToolSpec]) -> Message:
-            try:
-                return next(steps)
-            except StopIteration:
-                return Message(role="assistant", content=STOP)
-
-        traj = run_episode(self, task, policy, max_turns=len(plan) + 2)
+        traj = self.play(task, self.expert_plan(task))
         traj.metadata.update({"expert": True, "policy": f"expert:{self.name}", "domain": self.domain,
                               "user": self.user.name})
         return traj
+
+    def play(self, task: Task, plan: list[Message], max_turns: int | None = None) -> Trajectory:
+        """An episode whose agent says ``plan`` in order, then ``###STOP###`` (up to ``max_turns``; default:
+        the plan's length + 2): the expert, and recorded or scripted agents replayed."""
+        from trajtune.envs.runner import run_episode
+
+        steps = iter(plan)
+
+        def policy(messages: list[Message], tools: list[ToolSpec]) -> Message:
+            return next(steps, Message(role="assistant", content=STOP))
+
+        return run_episode(self, task, policy, max_turns=len(plan) + 2 if max_turns is None else max_turns)
 
     def expert_plan(self, task: Task) -> list[Message]:
         """The expert's messages in order (``expert``); they do not depend on the observations."""
