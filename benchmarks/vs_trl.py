@@ -14,12 +14,15 @@ weight is 0), in the same order (TRL's sampler made sequential), the same batch 
 rate and constant schedule. Each measurement is its own process (so peak RSS is that run's);
 configurations are interleaved A B A B; the first step of each run is warm-up and not timed.
 
-Settings pinned per side: trajtune with and without `train.gradient_checkpointing`; TRL with its
-default (gradient checkpointing on) and with it off. Reported: min and median tokens/s over the
-repeats (tokens = non-padding tokens of the timed steps), the min of the per-run median step time,
-and peak RSS. Needs the `bench` extra (`pip install -e '.[bench]'`). A benchmark, not a test.
+Settings pinned per side: trajtune with and without `train.gradient_checkpointing`, and with it on
+plus `train.step_in_backward` (which cannot clip: that run has no clipping, the others clip at 1.0);
+TRL with its default (gradient checkpointing on) and with it off. Reported: min and median tokens/s
+over the repeats (tokens = non-padding tokens of the timed steps), the min of the per-run median
+step time, and peak RSS, also as a fraction of TRL's default's. Needs the `bench` extra
+(`pip install -e '.[bench]'`). A benchmark, not a test.
 
     python benchmarks/vs_trl.py --model smollm2-135m --steps 4 --batch 2 --repeats 2
+    python benchmarks/vs_trl.py --steps 3 --batch 2 --repeats 3 --configs trajtune-gc,trajtune-gc-sib
     python benchmarks/vs_trl.py --task grpo --model smollm2-135m --steps 2 --repeats 1
 """
 
@@ -97,8 +100,10 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
 
         model = load_model(path, dtype="float32", gradient_checkpointing=a.gc)
         chunk = a.loss_chunk_tokens if a.loss_chunk_tokens == "auto" else int(a.loss_chunk_tokens)
+        # step in backward cannot clip (the global norm is known only after the last gradient)
         cfg = LearnerConfig(steps=a.steps + 1, lr=1e-5, schedule="constant", micro_batch_size=a.batch,
-                            max_grad_norm=1.0, loss_chunk_tokens=chunk)
+                            max_grad_norm=None if a.step_in_backward else 1.0, loss_chunk_tokens=chunk,
+                            step_in_backward=a.step_in_backward)
         learner = Learner(model, tok, SFTObjective(), DatasetSource(rows, a.batch, seed=0), cfg,
                           Path(tempfile.mkdtemp()) / "run")
         trace = _trace_optimizer(learner.optimizer, rss_trace)
@@ -228,6 +233,12 @@ def grpo_worker(a: argparse.Namespace) -> dict[str, Any]:
             "trl": __import__("trl").__version__ if a.side == "trl" else None}
 
 
+# SFT configurations: (side, gradient checkpointing, train.step_in_backward)
+CONFIGS = {"trajtune": ("trajtune", False, False), "trl-gc": ("trl", True, False),
+           "trajtune-gc": ("trajtune", True, False), "trl": ("trl", False, False),
+           "trajtune-gc-sib": ("trajtune", True, True)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m", help="alias, path or .gguf (trajtune models list)")
@@ -242,6 +253,10 @@ def main() -> None:
                          f"{GRPO_TASKS} prompts × {GRPO_GROUP} samples of ≤ {GRPO_NEW} tokens per step")
     ap.add_argument("--worker", choices=["trajtune", "trl"], help=argparse.SUPPRESS, dest="side")
     ap.add_argument("--gc", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--step-in-backward", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="SFT: which configurations, comma-separated, in the order they interleave (default: all; "
+                         "TRL's SFT on CPU can take minutes per step: its fused LM head has no CPU kernel)")
     ap.add_argument("--loss-chunk-tokens", default="auto", help="trajtune's train.loss_chunk_tokens (auto, 0: off, N)")
     a = ap.parse_args()
     if a.side:
@@ -250,14 +265,19 @@ def main() -> None:
     if a.task == "grpo":
         return grpo_main(a)
 
-    configs = [("trajtune", False), ("trl", True), ("trajtune", True), ("trl", False)]
+    # (side, gradient checkpointing, train.step_in_backward)
+    unknown = [c for c in a.configs.split(",") if c not in CONFIGS]
+    if unknown:
+        ap.error(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")
+    configs = [CONFIGS[c] for c in a.configs.split(",")]
     runs: dict[str, list[dict[str, Any]]] = {}
     for rep in range(a.repeats):
-        for side, gc in configs:
-            name = f"{side}, gradient checkpointing {'on' if gc else 'off'}"
+        for side, gc, sib in configs:
+            name = f"{side}, gradient checkpointing {'on' if gc else 'off'}" + \
+                (", step in backward (no clipping)" if sib else "")
             cmd = [sys.executable, __file__, "--worker", side, "--model", a.model, "--steps", str(a.steps),
                    "--batch", str(a.batch), "--max-length", str(a.max_length), "--threads", str(a.threads)]
-            cmd += ["--gc"] if gc else []
+            cmd += (["--gc"] if gc else []) + (["--step-in-backward"] if sib else [])
             p = subprocess.run(cmd, capture_output=True, text=True)
             if p.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{p.stderr[-3000:]}")
@@ -266,20 +286,23 @@ def main() -> None:
             print(f"repeat {rep} {name}: {r['tokens_per_s']:.1f} tokens/s, peak RSS {r['peak_rss_gb']:.2f} GB, "
                   f"first-step loss {r['first_loss']:.4f}", flush=True)
     base = "trl, gradient checkpointing on"  # TRL's default
-    best_trl = max(statistics.median(x["tokens_per_s"] for x in runs[n]) for n in runs if n.startswith("trl"))
+    trl_runs = [n for n in runs if n.startswith("trl")]
+    best_trl = max((statistics.median(x["tokens_per_s"] for x in runs[n]) for n in trl_runs), default=float("nan"))
+    base_rss = max((x["peak_rss_gb"] for x in runs.get(base, [])), default=float("nan"))
     rows = []
     print(f"\nSFT on {a.model}: batch {a.batch}, {a.steps} timed steps, {a.threads} threads, {a.repeats} repeats, "
-          f"TRL {next(r['trl'] for n in runs for r in runs[n] if r['trl'])}")
-    print(f"{'configuration':38s} {'min tok/s':>10s} {'median tok/s':>13s} {'step s':>7s} {'peak RSS GB':>12s} "
-          f"{'× best TRL':>10s}")
+          f"TRL {next((r['trl'] for n in runs for r in runs[n] if r['trl']), 'not run')}")
+    print(f"{'configuration':60s} {'min tok/s':>10s} {'median tok/s':>13s} {'step s':>7s} {'peak RSS GB':>12s} "
+          f"{'× best TRL':>10s} {'RSS ÷ TRL default':>17s}")
     for name, rs in runs.items():
         tps = [x["tokens_per_s"] for x in rs]
         row = {"configuration": name, "min_tokens_per_s": min(tps), "median_tokens_per_s": statistics.median(tps),
                "step_s": min(x["median_step_s"] for x in rs), "peak_rss_gb": max(x["peak_rss_gb"] for x in rs)}
         row["vs_best_trl"] = row["median_tokens_per_s"] / best_trl
+        row["rss_vs_trl_default"] = row["peak_rss_gb"] / base_rss
         rows.append(row)
-        print(f"{name:38s} {row['min_tokens_per_s']:10.1f} {row['median_tokens_per_s']:13.1f} {row['step_s']:7.2f} "
-              f"{row['peak_rss_gb']:12.2f} {row['vs_best_trl']:10.2f}")
+        print(f"{name:60s} {row['min_tokens_per_s']:10.1f} {row['median_tokens_per_s']:13.1f} {row['step_s']:7.2f} "
+              f"{row['peak_rss_gb']:12.2f} {row['vs_best_trl']:10.2f} {row['rss_vs_trl_default']:17.2f}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"model": a.model, "batch": a.batch, "steps": a.steps, "threads": a.threads,
                                        "baseline": base, "rows": rows, "runs": runs}, indent=1))

@@ -20,6 +20,16 @@ def _write(tmp_path, text):
     return p
 
 
+def test_step_in_backward_config_reaches_the_learner(tmp_path):
+    from trajtune.train import learner_config
+    from types import SimpleNamespace
+
+    cfg = load_config(_write(tmp_path, BASE_SFT + "train: {step_in_backward: true, max_grad_norm: null, "
+                                                  "batch_size: 4, micro_batch_size: 4}\n"), SFTRunConfig)
+    lc = learner_config(cfg, SimpleNamespace(micro_batch_size=4, epochs=1, mini_batches=1))
+    assert lc.step_in_backward is True and lc.max_grad_norm is None
+
+
 def test_valid_sft_config_and_overrides(tmp_path):
     cfg = load_config(_write(tmp_path, BASE_SFT), SFTRunConfig, ["train.lr=3e-4", "model.lora.r=4", "data.format=sharegpt"])
     assert cfg.train.lr == pytest.approx(3e-4)
@@ -34,6 +44,9 @@ def test_valid_sft_config_and_overrides(tmp_path):
     ("train: {steps: 10, save_every: 10}\n", "no intermediate checkpoint"),
     ("train: {steps: 10, eval_every: 5}\n", "no eval.env"),
     ("train: {schedule: constant, min_lr_ratio: 0.5}\n", "no effect with schedule: constant"),
+    ("train: {step_in_backward: true}\n", "max_grad_norm (1.0) cannot clip"),
+    ("train: {step_in_backward: true, max_grad_norm: null, batch_size: 8, micro_batch_size: 4}\n",
+     "raise micro_batch_size to 8"),
 ])
 def test_sft_config_errors(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:

@@ -248,7 +248,7 @@ _TrainSpecFields = runtime_section("TrainSpec", LearnerConfig, [
                             "parallel); fsdp shards parameters, gradients and optimizer state across the ranks "
                             "(PyTorch FSDP2, float32), so a model too large for one device trains; one process: "
                             "nothing to shard (docs/distributed.md)")),
-    "group_by_length", "share_prefix", "loss_chunk_tokens",
+    "group_by_length", "share_prefix", "loss_chunk_tokens", "step_in_backward",
     ("eaft", bool, Field(False, description="EAFT: weight each token's loss by the model's entropy over its top-k "
                                             "(docs/algorithms.md)")),
     ("eaft_top_k", int, Field(20, gt=1, description="EAFT: K, the candidates the entropy is taken over")),
@@ -276,6 +276,13 @@ class TrainSpec(_TrainSpecFields):
                              "checkpoint would be written (the final model is always saved); lower it or remove it")
         if self.warmup_steps >= self.steps:
             raise ValueError(f"train.warmup_steps ({self.warmup_steps}) must be below train.steps ({self.steps})")
+        if self.step_in_backward and self.max_grad_norm is not None:
+            raise ValueError("train.step_in_backward updates each weight before the gradient's global norm is "
+                             f"known, so train.max_grad_norm ({self.max_grad_norm}) cannot clip; set "
+                             "max_grad_norm: null, or turn step_in_backward off")
+        if self.step_in_backward and self.sharding != "none":
+            raise ValueError("train.step_in_backward cannot run with train.sharding: fsdp (gradients are "
+                             "reduce-scattered across ranks after the backward pass); turn one off")
         if self.schedule == "constant" and "min_lr_ratio" in s:
             raise ValueError("train.min_lr_ratio has no effect with schedule: constant")
         return self

@@ -44,13 +44,14 @@ import torch
 
 from trajtune.algorithms.base import Objective
 from trajtune import distributed as dist
-from trajtune import sharding
+from trajtune import heap, sharding
 from trajtune.algorithms.batch import collate
 from trajtune.algorithms.lm_head import ChunkTokens
 from trajtune.tokens import TokenTrajectory
-from trajtune.errors import DataError, RankFailed, RunDirError
+from trajtune.errors import ConfigError, DataError, RankFailed, RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
 from trajtune.settings import setting
+from trajtune.step_in_backward import StepInBackward
 
 
 class ExperienceSource(Protocol):
@@ -74,10 +75,17 @@ class LearnerConfig:
         "cosine", description="learning-rate decay after warm-up, down to lr × min_lr_ratio at the last step")
     min_lr_ratio: float = setting(0.1, ge=0, le=1, description="final learning rate as a fraction of lr (linear, "
                                                                "cosine)")
-    max_grad_norm: float = setting(1.0, gt=0, description="clip the gradient's global norm to this")
+    max_grad_norm: float | None = setting(1.0, gt=0, description="clip the gradient's global norm to this; null: "
+                                                                 "no clipping (the norm is still logged)")
     micro_batch_size: int = setting(16, gt=0, description="rows per forward/backward pass; gradients accumulate "
                                                           "over micro-batches with exact normalisation (the step is "
                                                           "the same)")
+    step_in_backward: bool = setting(
+        False, description="update each weight as soon as its gradient is complete, inside the backward pass, and "
+                           "free that gradient: the gradients never all exist at once (full fine-tuning: one copy "
+                           "of the weights less at peak memory). The same updates; needs max_grad_norm: null (the "
+                           "global norm is unknown until the last gradient), each update's rows in one "
+                           "micro-batch, and one process (docs/speed.md)")
     epochs: int = 1  # passes over one step's experience (PPO epochs)
     mini_batches: int = 1  # optimizer updates per pass; π_old stays the sampling policy throughout
     save_every: int = setting(0, ge=0, description="write a resumable checkpoint every N steps (0: only the final "
@@ -100,6 +108,14 @@ class LearnerConfig:
                             "recomputed in the backward pass. auto: chunks of at most 64 MiB of float32 logits (341 "
                             "positions at a 49 k vocabulary); 0: off, the model's logits all at once. Exact either "
                             "way; models that change their logits after the head fall back (docs/speed.md)")
+
+
+def _clip(params: list[torch.Tensor], max_norm: float | None,
+          clip: Callable[..., torch.Tensor] = torch.nn.utils.clip_grad_norm_) -> torch.Tensor:
+    """The gradients' global norm, clipped to ``max_norm`` by ``clip``; None: measured only."""
+    if max_norm is None:
+        return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    return clip(params, max_norm)
 
 
 def set_seed(seed: int) -> None:
@@ -296,6 +312,7 @@ class Learner:
         else:
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
+        self.in_backward = self._step_in_backward(params)
         self.step = 0
         self._current = 0
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -304,6 +321,21 @@ class Learner:
         # JSONL logs with a "step" per line; on resume, lines of steps after the checkpoint are dropped.
         self.step_logs: list[Path] = [self.metrics_path]
         self.resume_warnings: list[str] = []  # what a resume had to clean up (shown by the caller)
+
+    def _step_in_backward(self, params: list[torch.nn.Parameter]) -> StepInBackward | None:
+        if not self.cfg.step_in_backward:
+            return None
+        if self.cfg.max_grad_norm is not None:
+            raise ConfigError("train.step_in_backward updates each weight before the gradient's global norm is "
+                              "known, so train.max_grad_norm cannot clip; set max_grad_norm: null, or turn "
+                              "step_in_backward off")
+        if self.world > 1:
+            raise ConfigError(f"train.step_in_backward needs one process (here {self.world}): the gradients must "
+                              "be summed across ranks before any weight is updated; turn it off")
+        # on CPU it also hands the C heap's free pages back (before each backward pass, and as gradients
+        # are freed), since what it saves would otherwise stay resident
+        cpu = self.accelerator.device.type == "cpu"
+        return StepInBackward(self.optimizer, params, release=heap.trim if cpu else None)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -526,26 +558,39 @@ class Learner:
             return None
         if self.sharded:
             self._pad_passes(int(dist.all_max([float(len(batches))])[0]) - len(batches), units)
+        if self.in_backward is not None and len(batches) > 1:
+            raise ConfigError(f"train.step_in_backward: this update has {len(tts)} rows in {len(batches)} "
+                              "micro-batches, but a weight is updated as soon as one "
+                              "backward pass completes its gradient; raise train.micro_batch_size to the rows "
+                              "per update, or turn step_in_backward off")
         total = 0.0
         for b in batches:
             loss, m = self.objective.loss_sum(self.model, b)
             scaled = loss / denom
-            self.accelerator.backward(scaled)
+            if self.in_backward is not None:
+                if self.in_backward.release is not None:
+                    self.in_backward.release()
+                with self.in_backward.active():
+                    self.accelerator.backward(scaled)
+            else:
+                self.accelerator.backward(scaled)
             total += float(scaled.detach())
             for k, v in m.items():
                 num, den = (v if isinstance(v, tuple) else (v, None))
                 _add_metric(sums, k, num, den)
+        if self.in_backward is not None:  # every weight with a gradient was stepped in the backward pass
+            return total, self.in_backward.grad_norm()
         if self.world > 1:
             if not self.sharded:  # sharded gradients were reduce-scattered (summed) by every backward
                 dist.sum_gradients(self.params)
             total = dist.all_sum([total])[0]
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            grad_norm = _clip(self.params, self.cfg.max_grad_norm)
             if hasattr(grad_norm, "full_tensor"):  # sharded: a DTensor
                 grad_norm = grad_norm.full_tensor()
         else:
             clipped = self.model.parameters() if self.extra is None else \
                 [*self.model.parameters(), *self.extra.parameters()]
-            grad_norm = self.accelerator.clip_grad_norm_(clipped, self.cfg.max_grad_norm)
+            grad_norm = _clip(list(clipped), self.cfg.max_grad_norm, self.accelerator.clip_grad_norm_)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total, float(grad_norm)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from trajtune.algorithms.base import Metrics
 from trajtune.algorithms.batch import Batch, fit_length, kept_head_input
@@ -101,6 +101,15 @@ class SFTRunConfig(RunBase):
 
     algorithm: Literal["sft"] = Field("sft", description="supervised fine-tuning on trajectories")
     data: DataSpec = Field(description="the training trajectories")
+
+    @model_validator(mode="after")
+    def _one_pass_per_update(self) -> "SFTRunConfig":
+        t = self.train
+        if t.step_in_backward and t.batch_size > t.micro_batch_size:
+            raise ValueError(f"train.step_in_backward updates the weights in the backward pass, so an update must "
+                             f"be one micro-batch: train.batch_size ({t.batch_size}) > train.micro_batch_size "
+                             f"({t.micro_batch_size}); raise micro_batch_size to {t.batch_size}")
+        return self
 
 
 def render_training_data(trajs: list[Any], renderer: Any, path: str, max_length: int,
