@@ -161,9 +161,9 @@ def _first_mistake(episode: dict[str, Any], expert: list[Any]) -> str:
     return "other"
 
 
-def failures(out: Path, seeds: list[int]) -> dict[str, Any]:
+def failures(out: Path, seeds: list[int], labels: list[str] | None = None) -> dict[str, Any]:
     """Per seed and arm: the failed test episodes, by the first mistake (who made it, and what)."""
-    labels = ["weak", *(f"rl-{a}" for a in ARMS)]
+    labels = labels or ["weak", *(f"rl-{a}" for a in ARMS)]
     table: dict[str, Any] = {}
     for seed in seeds:
         tasks = {t.id: t for t in _env().tasks("test", P["n_test"], seed=seed)}

@@ -221,14 +221,17 @@ def test_split_by_role_rows_groups_and_per_role_baselines():
     assert adv[("b", "p", 0.0)] == pytest.approx(-0.5) and adv[("b", "e", 1.0)] == pytest.approx(0.5)
 
 
-def test_one_roles_rows_leave_the_other_adapters_gradient_exactly_zero(two_role_model):
+@pytest.mark.parametrize("objective", ["rl", "sft"])
+def test_one_roles_rows_leave_the_other_adapters_gradient_exactly_zero(two_role_model, objective):
+    from trajtune.algorithms.sft import SFTObjective
+
     model, names = two_role_model
     model.train()
     randomize_lora_b(model, seed=11, scale=0.3)
     ep = _episode(["scout", "operator", "scout"], "g", 1.0)
     ep.advantages = [1.0] * len(ep)
     rows, _ = split_by_role([ep], names)
-    obj = PolicyGradientObjective()
+    obj = PolicyGradientObjective() if objective == "rl" else SFTObjective()
 
     def grads(tts):
         model.zero_grad(set_to_none=True)
@@ -249,6 +252,28 @@ def test_one_roles_rows_leave_the_other_adapters_gradient_exactly_zero(two_role_
     assert model.active_adapter == DEFAULT
 
 
+def _both_adapters_trained(final):
+    """The saved roles map, and both adapters trained (they started equal: B = 0), and differently
+    (each on its own tokens)."""
+    from safetensors.torch import load_file
+
+    assert json.loads((final / "roles.json").read_text()) == {"scout": DEFAULT, "operator": "role_operator"}
+    scout = load_file(final / "adapter_model.safetensors")
+    operator = load_file(final / "role_operator" / "adapter_model.safetensors")
+    assert any(v.abs().sum() > 0 for k, v in scout.items() if "lora_B" in k)
+    assert any(v.abs().sum() > 0 for k, v in operator.items() if "lora_B" in k)
+    assert any(not torch.equal(scout[k], operator[k]) for k in scout)
+
+
+def _same_adapters(a_dir, b_dir):
+    from safetensors.torch import load_file
+
+    for sub in ("", "role_operator"):
+        a = load_file(a_dir / sub / "adapter_model.safetensors")
+        b = load_file(b_dir / sub / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
+
+
 def _rl_args(model, out, extra=()):
     # Chatter goes on after every turn and rewards the text's length mod 3: both roles act, rewards vary
     env = json.dumps({"name": "roles", "kwargs": {"env": "envfixtures:Chatter",
@@ -259,8 +284,6 @@ def _rl_args(model, out, extra=()):
 
 
 def test_rl_trains_every_role_adapter_saves_them_and_resumes_exactly(tiny_dir, tmp_path, turns_end):
-    from safetensors.torch import load_file
-
     from trajtune.algorithms.registry import load_trained
     from trajtune.algorithms.rl import RLRunConfig
     from trajtune.config import load_config
@@ -269,13 +292,7 @@ def test_rl_trains_every_role_adapter_saves_them_and_resumes_exactly(tiny_dir, t
     out = tmp_path / "rl"
     run(load_config(None, RLRunConfig, _rl_args(tiny_dir, out)), quiet=True)
     final = out / "final"
-    assert json.loads((final / "roles.json").read_text()) == {"scout": DEFAULT, "operator": "role_operator"}
-    scout = load_file(final / "adapter_model.safetensors")
-    operator = load_file(final / "role_operator" / "adapter_model.safetensors")
-    # both adapters trained (they started equal: B = 0), and differently (each on its own tokens)
-    assert any(v.abs().sum() > 0 for k, v in scout.items() if "lora_B" in k)
-    assert any(v.abs().sum() > 0 for k, v in operator.items() if "lora_B" in k)
-    assert any(not torch.equal(scout[k], operator[k]) for k in scout)
+    _both_adapters_trained(final)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r.get("role_rows", 0) >= 4 for r in rows if "loss" in r)
     loaded = load_trained(str(final))
@@ -284,10 +301,7 @@ def test_rl_trains_every_role_adapter_saves_them_and_resumes_exactly(tiny_dir, t
     cut = tmp_path / "cut"
     run(load_config(None, RLRunConfig, _rl_args(tiny_dir, cut)), quiet=True, stop_after=1)
     run(load_config(None, RLRunConfig, _rl_args(tiny_dir, cut)), quiet=True, resume=True)
-    for sub in ("", "role_operator"):
-        a = load_file(final / sub / "adapter_model.safetensors")
-        b = load_file(cut / "final" / sub / "adapter_model.safetensors")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), sub
+    _same_adapters(final, cut / "final")
 
 
 def test_role_adapter_configs_that_cannot_work_are_refused(tiny_dir, tmp_path):
@@ -319,3 +333,94 @@ def test_a_broken_sidecar_names_its_file_and_what_it_should_hold(tmp_path):
     (tmp_path / "dualtune.json").write_text('{"arguments": []}')
     with pytest.raises(DataError, match=r"dualtune\.json: expected an object with an 'arguments' map"):
         read_spec(tmp_path)
+
+
+# -- SFT on team episodes: an adapter per role, from recorded data -------------------------------------
+
+def _role_data(tmp_path, n=6):
+    env = _env()
+    path = tmp_path / "roles.jsonl"
+    path.write_text("".join(env.expert(t).model_dump_json() + "\n" for t in env.tasks("train", n, seed=0)))
+    return path, env
+
+
+def test_turn_roles_are_read_from_the_roles_notes_or_the_turns_own_marks():
+    from trajtune.algorithms.roles import assistant_roles
+
+    env = _env()
+    traj = env.expert(env.tasks("train", 1, seed=0)[0])
+    roles = assistant_roles(traj)
+    assert roles[:2] == ["scout", "operator"] and set(roles) == {"scout", "operator"}
+    # the notes alternate (module doc of the wrapper), so the expert's turns alternate too
+    assert all(r == ("scout" if k % 2 == 0 else "operator") for k, r in enumerate(roles))
+    marked = traj.model_copy(deep=True)
+    first = next(m for m in marked.messages if m.role == "assistant")
+    first.extra = {"agent_role": "operator"}  # a turn's own mark wins over the note before it
+    assert assistant_roles(marked)[0] == "operator"
+
+
+def _sft_args(model, data, out, extra=()):
+    return [f"model={model}", f"output_dir={out}", f"data.path={data}", "model.lora={r: 4, alpha: 8}",
+            "role_adapters=true", "train.steps=3", "train.batch_size=4", "train.micro_batch_size=4",
+            "train.lr=1e-2", "train.save_every=1", "report=false", *extra]
+
+
+def test_sft_trains_each_role_adapter_on_its_own_turns_saves_and_resumes_exactly(tiny_dir, tmp_path):
+    from trajtune.algorithms.registry import load_trained
+    from trajtune.algorithms.sft import SFTRunConfig
+    from trajtune.config import load_config
+    from trajtune.train import run
+
+    data, _ = _role_data(tmp_path)
+    out = tmp_path / "sft"
+    run(load_config(None, SFTRunConfig, _sft_args(tiny_dir, data, out)), quiet=True)
+    final = out / "final"
+    _both_adapters_trained(final)
+    result = json.loads((out / "result.json").read_text())
+    assert result["roles"] == ["scout", "operator"] and result["role_rows"] == 12  # 6 records × 2 roles
+    assert role_adapters(load_trained(str(final))) == {"scout": DEFAULT, "operator": "role_operator"}
+    cut = tmp_path / "cut"
+    run(load_config(None, SFTRunConfig, _sft_args(tiny_dir, data, cut)), quiet=True, stop_after=1)
+    run(load_config(None, SFTRunConfig, _sft_args(tiny_dir, data, cut)), quiet=True, resume=True)
+    _same_adapters(final, cut / "final")
+
+
+def test_sft_rows_weight_each_role_on_exactly_its_turns(two_role_model, tiny_tok, tmp_path):
+    """The rows of a record: one per role, the same tokens, and between them exactly the trained
+    tokens of the single-model row, each on the turns of its role."""
+    from trajtune.algorithms.roles import assistant_roles, mark_data_roles
+    from trajtune.chat.render import ChatRenderer
+
+    model, names = two_role_model
+    env = _env()
+    traj = env.expert(env.tasks("train", 1, seed=0)[0])
+    whole = ChatRenderer(tiny_tok).render(traj)
+    tt = ChatRenderer(tiny_tok).render(traj)
+    assert mark_data_roles([traj], [tt]) == ["scout", "operator"]
+    rows, m = split_by_role([tt], names)
+    assert m["role_rows"] == 2 and [r.meta["adapter"] for r in rows] == [DEFAULT, "role_operator"]
+    roles = assistant_roles(traj)
+    for row, role in zip(rows, ("scout", "operator")):
+        assert row.ids == whole.ids
+        for k, (w, w0, s) in enumerate(zip(row.weight, whole.weight, whole.source)):
+            on_role = s == SOURCE_POLICY and roles[whole.turn[k]] == role
+            assert w == (w0 if on_role else 0.0)
+    assert [a + b for a, b in zip(rows[0].weight, rows[1].weight)] == whole.weight
+
+
+def test_sft_role_adapter_data_and_configs_that_cannot_work_are_refused(tiny_dir, tmp_path):
+    from trajtune.algorithms.sft import SFTRunConfig
+    from trajtune.config import load_config
+    from trajtune.train import run
+
+    data, _ = _role_data(tmp_path, n=2)
+    no_lora = [a for a in _sft_args(tiny_dir, data, tmp_path / "a") if not a.startswith("model.lora")]
+    with pytest.raises(ConfigError, match="needs a LoRA model"):
+        run(load_config(None, SFTRunConfig, no_lora), quiet=True)
+    home = tmp_path / "home.jsonl"  # one agent: no roles to give adapters to
+    env = make_env("home")
+    home.write_text("".join(env.expert(t).model_dump_json() + "\n" for t in env.tasks("train", 2, seed=0)))
+    with pytest.raises(DataError, match="assistant turn 0 has no role"):
+        run(load_config(None, SFTRunConfig, _sft_args(tiny_dir, home, tmp_path / "b")), quiet=True)
+    with pytest.raises(Exception, match="role_adapters needs conversations"):
+        load_config(None, SFTRunConfig, _sft_args(tiny_dir, data, tmp_path / "c", ["data.format=text", "data.train_on=all_tokens"]))

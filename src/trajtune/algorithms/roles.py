@@ -16,6 +16,12 @@ adapter. The group estimators therefore compute a baseline per role; with a join
 episode group's own. The objective runs each adapter's rows with that adapter active
 (``batch.by_adapter``), so one role's rows leave every other adapter's gradient exactly zero.
 
+SFT on team episodes (``role_adapters: true`` in an SFT config) uses the same pieces on recorded
+data: ``mark_data_roles`` reads each assistant turn's role from the records (the turn's own
+``extra["agent_role"]``, as rollouts write it, or else the latest role note before it, as the
+roles wrapper's expert replays have) into ``meta["turn_roles"]``, and ``split_by_role`` makes the
+per-role rows, so each adapter learns its own role's turns from the expert.
+
 The final directory is peft's multi-adapter layout (``default`` at the top, the others in
 sub-directories) plus ``roles.json`` ({role: adapter}); ``load_role_adapters`` (the RL algorithm's
 load hook) brings them all back for evaluation.
@@ -28,9 +34,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trajtune.envs.adapters.roles import ROLE_KEY
 from trajtune.errors import DataError
 from trajtune.models.adapters import DEFAULT, ROLES_ATTR, peft_model, read_sidecar
-from trajtune.schema import atomic_write_text
+from trajtune.schema import Trajectory, atomic_write_text
 from trajtune.tokens import SOURCE_POLICY, TokenTrajectory
 
 ROLES_FILE = "roles.json"
@@ -133,3 +140,49 @@ def split_by_role(tts: list[TokenTrajectory], adapters: dict[str, str]) -> tuple
             out.append(row)
             rows += 1
     return out, {"role_rows": float(rows)}
+
+
+def assistant_roles(traj: Trajectory) -> list[str | None]:
+    """The role of each assistant turn, in order: the turn's own mark, else the role named by the
+    latest marked note before it; None where neither exists."""
+    out: list[str | None] = []
+    current: str | None = None
+    for m in traj.messages:
+        mark = (m.extra or {}).get(ROLE_KEY)
+        if m.role == "assistant":
+            out.append(mark if isinstance(mark, str) else current)
+        elif isinstance(mark, str):
+            current = mark
+    return out
+
+
+def mark_data_roles(trajs: list[Trajectory], tts: list[TokenTrajectory]) -> list[str]:
+    """Record each rendered sample's turn roles (``meta["turn_roles"]``, indexed by assistant turn,
+    as rollouts record them) from its trajectory; returns the roles in the order they first act.
+    A record with an assistant turn of no known role is refused, naming it: its turns would train
+    no adapter, or the wrong one."""
+    by_id: dict[str, list[str | None]] = {}
+    for t in trajs:
+        roles = assistant_roles(t)
+        if t.id in by_id and by_id[t.id] != roles:
+            raise DataError(f"records share the id {t.id!r} but their turns have different roles; give each "
+                            "record its own id")
+        by_id[t.id] = roles
+    order: dict[str, None] = {}
+    for t in trajs:
+        roles = by_id[t.id]
+        missing = [k for k, r in enumerate(roles) if r is None]
+        if missing:
+            raise DataError(f"record {t.id!r}: assistant turn {missing[0]} has no role (role_adapters needs "
+                            f"each turn's role: message.extra[{ROLE_KEY!r}] on the turn, or on a note before it, "
+                            "as the roles environment writes)")
+        order.update(dict.fromkeys(r for r in roles if r is not None))
+    for tt in tts:
+        if tt.traj_id not in by_id:
+            raise DataError(f"a training sample of record {tt.traj_id!r} matches no record (role_adapters cannot "
+                            "follow the rows of folded records)")
+        tt.meta["turn_roles"] = list(by_id[tt.traj_id])
+    if len(order) < 2:
+        raise DataError(f"role_adapters: the data's turns have {len(order)} role(s) ({', '.join(order) or 'none'}); "
+                        "one adapter per role needs team episodes with at least two roles")
+    return list(order)

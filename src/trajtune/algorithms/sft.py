@@ -16,15 +16,16 @@ import torch
 from pydantic import Field, model_validator
 
 from trajtune.algorithms.base import Metrics
-from trajtune.algorithms.batch import Batch, fit_length, kept_head_input
+from trajtune.algorithms.batch import Batch, by_adapter, fit_length, kept_head_input
 from trajtune.algorithms.critical_steps import make_selector, select_critical
 from trajtune.algorithms.error_mask import mask_error_turns
 from trajtune.algorithms.faft import faft_records
 from trajtune.algorithms.lm_head import head_logprobs
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
+from trajtune.algorithms.roles import add_role_adapters, mark_data_roles, split_by_role, write_roles
 from trajtune.chat.render import RenderError
 from trajtune.config import DataSpec, RunBase
-from trajtune.errors import DataError, require_input
+from trajtune.errors import ConfigError, DataError, require_input
 from trajtune.experience import DatasetSource
 from trajtune.formats import LoadStats, load_any
 from trajtune.formats.text import iter_documents
@@ -70,6 +71,11 @@ class SFTObjective:
         return torch.stack([correct, gate], dim=-1)
 
     def loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
+        if batch.adapters is not None:  # rows of several LoRA adapters (one per role): each with its own
+            return by_adapter(model, batch, self._loss_sum)
+        return self._loss_sum(model, batch)
+
+    def _loss_sum(self, model: Any, batch: Batch) -> tuple[torch.Tensor, Metrics]:
         mask = self._mask(batch)
         # Only positions that predict a trained token need logits: with a real vocabulary (49 k for
         # SmolLM2) the LM head and the cross-entropy over all positions are a quarter of the step.
@@ -101,10 +107,17 @@ class SFTRunConfig(RunBase):
 
     algorithm: Literal["sft"] = Field("sft", description="supervised fine-tuning on trajectories")
     data: DataSpec = Field(description="the training trajectories")
+    role_adapters: bool = Field(False, description=(
+        "team episodes (the roles environment's records): one LoRA adapter per role, each trained only on its "
+        "role's turns; the first role to act uses the default adapter, the others start as copies of it (or "
+        "as the adapters of a multi-role model directory); saved with roles.json, as rl.role_adapters does, "
+        "so eval and RL play each role with its own. Needs model.lora or an adapter directory"))
 
     @model_validator(mode="after")
-    def _one_pass_per_update(self) -> "SFTRunConfig":
+    def _combinations(self) -> "SFTRunConfig":
         t = self.train
+        if self.role_adapters and self.data.format == "text":
+            raise ValueError("role_adapters needs conversations with roles, not data.format: text")
         if t.step_in_backward and t.batch_size > t.micro_batch_size:
             raise ValueError(f"train.step_in_backward updates the weights in the backward pass, so an update must "
                              f"be one micro-batch: train.batch_size ({t.batch_size}) > train.micro_batch_size "
@@ -251,18 +264,29 @@ def _prepare(cfg: SFTRunConfig, ctx: RunContext) -> tuple[list[TokenTrajectory],
     if cfg.data.format == "text":
         tts, counts = pack_documents(cfg.data.path, ctx.tokenizer, cfg.data.max_length)
         return tts, counts
-    _, tts, counts = conversation_data(cfg.data, ctx)
+    trajs, tts, counts = conversation_data(cfg.data, ctx)
+    if cfg.role_adapters:
+        counts["roles"] = mark_data_roles(trajs, tts)
     return tts, counts
 
 
 def _build(cfg: SFTRunConfig, ctx: RunContext, prepared: tuple[list[TokenTrajectory], dict[str, Any]]) -> Recipe:
     tts, counts = prepared
     t = cfg.train
+    names: dict[str, str] | None = None
+    if cfg.role_adapters:  # the adapters exist before the optimizer sees the parameters
+        try:
+            names = add_role_adapters(ctx.model, counts["roles"], cfg.model.name_or_path)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("rl.role_adapters", "role_adapters")) from None
+        tts, m = split_by_role(tts, names)
+        counts["role_rows"] = int(m["role_rows"])
     return Recipe(source=DatasetSource(tts, t.batch_size, cfg.seed),
                   objective=SFTObjective(t.eaft, t.eaft_top_k, t.eaft_alpha,
                                          all_tokens=cfg.data.train_on == "all_tokens"),
                   micro_batch_size=min(t.micro_batch_size, t.batch_size), result=counts,
-                  shown=("loss", "token_accuracy"), plot=("loss.png", ("loss", "token_accuracy"), "SFT"))
+                  shown=("loss", "token_accuracy"), plot=("loss.png", ("loss", "token_accuracy"), "SFT"),
+                  on_final=(lambda final: write_roles(final, names)) if names else None)
 
 
 register_algorithm(Algorithm("sft", SFTRunConfig, "supervised fine-tuning on trajectories (assistant tokens only)",
