@@ -106,7 +106,8 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
                             step_in_backward=a.step_in_backward)
         learner = Learner(model, tok, SFTObjective(), DatasetSource(rows, a.batch, seed=0), cfg,
                           Path(tempfile.mkdtemp()) / "run")
-        trace = _trace_optimizer(learner.optimizer, rss_trace)
+        # (step in backward calls the optimizer once per weight: its trace would be thousands of entries)
+        trace = (lambda: None) if a.step_in_backward else _trace_optimizer(learner.optimizer, rss_trace)
         for b in batches:
             t = time.perf_counter()
             losses.append(float(learner.train_step(b)["loss"]))
