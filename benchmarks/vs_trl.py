@@ -266,7 +266,6 @@ def main() -> None:
     if a.task == "grpo":
         return grpo_main(a)
 
-    # (side, gradient checkpointing, train.step_in_backward)
     unknown = [c for c in a.configs.split(",") if c not in CONFIGS]
     if unknown:
         ap.error(f"--configs: unknown {unknown}; choose from {', '.join(CONFIGS)}")

@@ -34,7 +34,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -567,12 +567,7 @@ class Learner:
         for b in batches:
             loss, m = self.objective.loss_sum(self.model, b)
             scaled = loss / denom
-            if self.in_backward is not None:
-                if self.in_backward.release is not None:
-                    self.in_backward.release()
-                with self.in_backward.active():
-                    self.accelerator.backward(scaled)
-            else:
+            with self.in_backward.active() if self.in_backward is not None else nullcontext():
                 self.accelerator.backward(scaled)
             total += float(scaled.detach())
             for k, v in m.items():

@@ -18,7 +18,8 @@ still measured, from each gradient before its step, and logged as ``grad_norm``.
 
 On CPU the freed gradients and the recomputed activations leave free but resident pages in the C
 heap, which grew by 0.45 GB over one SmolLM2-135M backward pass; ``release`` (``heap.trim``) is
-called after every ``release_every`` bytes of freed gradients to hand them back (docs/speed.md).
+called before the backward pass and after every ``release_every`` bytes of freed gradients to
+hand them back (docs/speed.md).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ class StepInBackward:
 
     @contextmanager
     def active(self) -> Iterator[None]:
+        """The hooks step while inside; entering first hands back what the forward pass freed."""
+        if self.release is not None:
+            self.release()
         self._active, self._norms, self.stepped = True, [], 0
         try:
             yield

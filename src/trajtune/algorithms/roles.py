@@ -162,20 +162,18 @@ def mark_data_roles(trajs: list[Trajectory], tts: list[TokenTrajectory]) -> list
     A record with an assistant turn of no known role is refused, naming it: its turns would train
     no adapter, or the wrong one."""
     by_id: dict[str, list[str | None]] = {}
+    order: dict[str, None] = {}
     for t in trajs:
         roles = assistant_roles(t)
         if t.id in by_id and by_id[t.id] != roles:
             raise DataError(f"records share the id {t.id!r} but their turns have different roles; give each "
                             "record its own id")
-        by_id[t.id] = roles
-    order: dict[str, None] = {}
-    for t in trajs:
-        roles = by_id[t.id]
         missing = [k for k, r in enumerate(roles) if r is None]
         if missing:
             raise DataError(f"record {t.id!r}: assistant turn {missing[0]} has no role (role_adapters needs "
                             f"each turn's role: message.extra[{ROLE_KEY!r}] on the turn, or on a note before it, "
                             "as the roles environment writes)")
+        by_id[t.id] = roles
         order.update(dict.fromkeys(r for r in roles if r is not None))
     for tt in tts:
         if tt.traj_id not in by_id:
