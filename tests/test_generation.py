@@ -11,7 +11,8 @@ import torch
 
 from gguf_fixtures import tiny_llama
 from trajtune.algorithms.batch import collate, token_logprobs
-from trajtune.generation import CachedSampler, RowCache, _fill_from_the_end, _inverse_cdf, _prefill_groups, supports
+from trajtune.generation import (CachedSampler, RowCache, _fill_from_the_end, _inverse_cdf, _prefill_groups,
+                                 _search, supports)
 from trajtune.rollout import RolloutConfig, _generate
 from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
@@ -117,6 +118,31 @@ def test_one_uniform_per_row_draws_each_token_at_its_probability_and_never_a_cut
     cdf = probs[1:].double().cumsum(-1)
     assert int(torch.searchsorted(cdf, torch.zeros(1, 1, dtype=torch.float64), right=True)) == 1
     assert int(torch.searchsorted(cdf, cdf[:, -1:] * (1 - 1e-12), right=True)) == 3
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 256])
+def test_the_two_level_search_draws_what_one_search_over_the_whole_row_draws(block):
+    # blocks of 1 token, of 2 (the row splits evenly), of 3 and 256 (the row is padded with zeros);
+    # every third token cut to zero mass, as top-p leaves them, the last one among them
+    g = torch.Generator().manual_seed(5)
+    probs = torch.rand(64, 1000, generator=g, dtype=torch.float64).float()
+    probs[:, ::3] = 0.0
+    probs[:, -1] = 0.0
+    cdf = probs.double().cumsum(-1)
+    draws, want = [], []
+    for seed in range(20):
+        draws.append(_inverse_cdf(probs, torch.Generator().manual_seed(seed), block=block))
+        u = torch.rand((64, 1), generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * cdf[:, -1:]
+        want.append(torch.searchsorted(cdf, u, right=True).squeeze(-1))
+    draws, want = torch.cat(draws), torch.cat(want)
+    assert torch.equal(draws, want)
+    assert bool((probs.flatten()[draws + 1000 * torch.arange(64).repeat(20)] > 0).all())
+    # the uniform's edges, and a block boundary: the draw is the first token with mass past it, never
+    # one of the zero-mass tokens that end a block
+    row = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0]])
+    top = torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64))
+    for u, tok in [(0.0, 1), (0.25, 3), (0.75, 4), (float(top), 4)]:
+        assert int(_search(row, torch.tensor([[u]], dtype=torch.float64), 3)) == tok
 
 
 def test_rows_leaving_the_batch_are_replaced_by_rows_from_its_end():

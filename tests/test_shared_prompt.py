@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from test_generation import _models, _prompts
-from trajtune import generation
+from trajtune import generation, shared_prompt
 from trajtune.generation import CachedSampler, RowCache
 from trajtune.shared_prompt import PromptGroups, shared_prompt_attention, worth_sharing
 
@@ -30,7 +30,9 @@ def _reference(q, prefixes, group, own_k, own_v, scale):
     return out
 
 
-def test_the_attention_equals_softmax_over_the_prompt_and_the_own_tokens_in_float64():
+@pytest.mark.parametrize("fused", [True, False])  # torch's CPU flash kernel, or the plain products (other devices)
+def test_the_attention_equals_softmax_over_the_prompt_and_the_own_tokens_in_float64(fused, monkeypatch):
+    monkeypatch.setattr(shared_prompt, "FUSED_ON_CPU", fused)
     g = torch.Generator().manual_seed(0)
     dt = torch.float64
     b, heads, kv, dim, t = 5, 6, 2, 8, 3
@@ -48,7 +50,9 @@ def test_the_attention_equals_softmax_over_the_prompt_and_the_own_tokens_in_floa
     assert torch.allclose(got, want, atol=1e-12, rtol=0)
 
 
-def test_bfloat16_attention_is_computed_in_float32_and_rounded_once():
+@pytest.mark.parametrize("fused", [True, False])
+def test_bfloat16_attention_is_computed_in_float32_and_rounded_once(fused, monkeypatch):
+    monkeypatch.setattr(shared_prompt, "FUSED_ON_CPU", fused)
     # scores rounded to bfloat16 before the softmax (|score| ~ 20 here: steps of 0.125) would be off by
     # several per cent; computed in float32, only the output's own rounding (2^-8 relative) remains
     g = torch.Generator().manual_seed(1)
@@ -177,3 +181,16 @@ def test_rows_continuing_one_cache_with_the_same_tokens_are_encoded_once_and_sha
     want = CachedSampler(model, 1.0, 1.0, [], share_prompt=False).turn(rows, [4] * 6, seed=1)
     assert [g[0] for g in got] == [w[0] for w in want]
     assert [g[3].n for g in got] == [cache.n + 2 + 3] * 3 + [cache.n + 1 + 3] * 3
+
+
+def test_a_row_cache_joins_its_prompt_and_own_tokens_only_when_read():
+    g = torch.Generator().manual_seed(2)
+    prompt = RowCache([(torch.randn(1, 2, 5, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g))], 5)
+    own = [(torch.randn(1, 2, 3, 4, generator=g), torch.randn(1, 2, 3, 4, generator=g))]
+    row = RowCache.joined_later(prompt, own, 8)
+    assert row._layers is None  # nothing copied yet
+    ((k, v),) = row.layers
+    assert row.n == 8 and k.shape == (1, 2, 8, 4)
+    assert torch.equal(k, torch.cat([prompt.layers[0][0], own[0][0]], 2))
+    assert torch.equal(v, torch.cat([prompt.layers[0][1], own[0][1]], 2))
+    assert row.layers is row.layers  # joined once

@@ -225,7 +225,7 @@ class CachedSampler:
         if self.temperature <= 0:
             tok = logits.argmax(-1)
             return tok, torch.log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-        logp = torch.log_softmax(logits / self.temperature, -1)
+        logp = torch.log_softmax(logits if self.temperature == 1.0 else logits / self.temperature, -1)
         probs = logp.exp()
         if self.top_p < 1.0:
             sp, idx = probs.sort(-1, descending=True)
@@ -364,15 +364,38 @@ def _fill_from_the_end(keep: list[int], n: int) -> tuple[list[int], list[tuple[i
     return order, list(zip(free, movers))
 
 
-def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+#: Tokens per block of ``_inverse_cdf``'s first level.
+CDF_BLOCK = 256
+
+
+def _inverse_cdf(probs: torch.Tensor, gen: torch.Generator, block: int = CDF_BLOCK) -> torch.Tensor:
     """One draw per row from ``probs`` (rows need not sum to 1) with one uniform number per row:
     the first token whose cumulative mass exceeds it. ``torch.multinomial`` draws an exponential
     for every vocabulary entry instead, 8 % of a batch-32 decoding step at a 49 k vocabulary; a
     token with zero mass (cut by top-p) is never chosen, since its cumulative mass equals its
-    predecessor's."""
-    cdf = probs.detach().cpu().double().cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=gen, dtype=torch.float64) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+    predecessor's. The search has two levels, in float64: the block of ``block`` tokens (from the
+    blocks' cumulative masses), then the token inside that block; a float64 cumulative sum over the
+    whole vocabulary was 7 ms of a ~300 ms batch-32 step. The draw is the one-level search's up to
+    the last bit of the summation order."""
+    return _search(probs, torch.rand((probs.shape[0], 1), generator=gen, dtype=torch.float64), block)
+
+
+def _search(probs: torch.Tensor, uniform: torch.Tensor, block: int) -> torch.Tensor:
+    """``_inverse_cdf`` given the uniforms ``[rows, 1]`` in [0, 1)."""
+    p = probs.detach().cpu()
+    rows, vocab = p.shape
+    if vocab % block:
+        p = torch.nn.functional.pad(p, (0, block - vocab % block))
+    blocks = p.view(rows, -1, block)
+    cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [rows, blocks]
+    u = uniform * cdf[:, -1:]
+    k = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)  # cdf[k - 1] <= u < cdf[k]
+    before = torch.where(k > 0, cdf.gather(1, (k - 1).clamp(min=0)), torch.zeros_like(u))
+    inside = blocks.gather(1, k.unsqueeze(-1).expand(rows, 1, block)).squeeze(1).double().cumsum(-1)
+    # the block's own running sum may end a rounding below its mass as counted above: stay inside it,
+    # so that the draw is the block's last token with mass, never a zero-mass one after it
+    rest = torch.minimum(u - before, torch.nextafter(inside[:, -1:], torch.zeros_like(u)))
+    return (k * block + torch.searchsorted(inside, rest, right=True)).squeeze(-1).clamp_(max=vocab - 1)
 
 
 def _dedupe_rows(rows: list[tuple[RowCache | None, list[int]]]) -> tuple[
