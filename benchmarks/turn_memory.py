@@ -34,6 +34,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--second", type=int, default=0,
+                    help="then a second turn: every row continues its returned cache with this many observation "
+                         "tokens (its prompt's last ones) and samples 8; its peak RSS and seconds are reported too")
     ap.add_argument("--label", default="this checkout")
     ap.add_argument("--out", default="benchmarks/results/turn_memory.json")
     a = ap.parse_args()
@@ -55,6 +58,17 @@ def main() -> None:
               "model": a.model, "rows": len(rows), "new_tokens": a.new,
               "peak_rss_mb_before": before, "peak_rss_mb_after": peak_mb(),
               "resident_mb_before": resident, "resident_mb_after": resident_mb(), "caches_returned": len(out)}
+    if a.second:
+        import time
+
+        nxt = [(cache, [ids[-1]] + p[-a.second:]) for (ids, _, _, cache), p in
+               zip(out, [p for p in prompts for _ in range(a.group)])]
+        resident2, t0 = resident_mb(), time.perf_counter()
+        sampler.turn(nxt, [8] * len(nxt), 1)
+        result |= {"second_turn_s": time.perf_counter() - t0, "peak_rss_mb_after_second": peak_mb(),
+                   "resident_mb_before_second": resident2}
+        print(f"{a.label}: second turn ({a.second} observation tokens, 8 sampled) {result['second_turn_s']:.2f} s; "
+              f"peak RSS after it {result['peak_rss_mb_after_second']:.0f} MB")
     print(f"{a.label}: {len(rows)} rows x {a.new} tokens; peak RSS {before:.0f} -> {result['peak_rss_mb_after']:.0f} MB "
           f"(+{result['peak_rss_mb_after'] - before:.0f}); resident after the turn, its caches held: "
           f"+{result['resident_mb_after'] - resident:.0f} MB")

@@ -194,3 +194,25 @@ def test_a_row_cache_joins_its_prompt_and_own_tokens_only_when_read():
     assert torch.equal(k, torch.cat([prompt.layers[0][0], own[0][0]], 2))
     assert torch.equal(v, torch.cat([prompt.layers[0][1], own[0][1]], 2))
     assert row.layers is row.layers  # joined once
+
+
+def test_a_joined_later_cache_is_copied_into_a_batch_as_its_joined_layers_would_be():
+    from trajtune.generation import _right_aligned
+
+    g = torch.Generator().manual_seed(3)
+
+    def kv(t):
+        return torch.randn(1, 2, t, 4, generator=g), torch.randn(1, 2, t, 4, generator=g)
+
+    prompt = RowCache([kv(5), kv(5)], 5)  # two layers
+    own = [kv(3), kv(3)]
+    row = RowCache.joined_later(prompt, own, 8)
+    plain = RowCache([kv(6), kv(6)], 6)
+    got = _right_aligned([row, None, plain], 9, room=2)
+    assert row._layers is None and row.n_layers == 2  # copied from its pieces, never joined
+    want = _right_aligned([RowCache(row.layers, 8), None, plain], 9, room=2)
+    for (k, v), (wk, wv) in zip(got, want):
+        assert k.shape == (3, 2, 11, 4) and torch.equal(k, wk) and torch.equal(v, wv)
+    # row 0 ends at position 9: the prompt's 5 tokens, then its own 3 (layer 1's keys)
+    assert torch.equal(got[1][0][0, :, 1:6], prompt.layers[1][0][0])
+    assert torch.equal(got[1][0][0, :, 6:9], own[1][0][0]) and not got[1][0][0, :, 0].any()

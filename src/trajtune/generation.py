@@ -75,15 +75,19 @@ def _right_aligned(rows: list[RowCache | None], width: int, room: int = 0) -> La
     """The rows' caches as batch tensors ``[B, heads, width + room, dim]`` per layer, each row's
     keys/values ending at position ``width`` (zeros before, for the attention mask to hide; a row
     without a cache is all zeros), ``room`` free positions after."""
-    ref = next(row for row in rows if row is not None).layers
+    ref = next(row for row in rows if row is not None)
     out: Layers = []
-    for li, (k0, v0) in enumerate(ref):
+    for li in range(ref.n_layers):
+        k0, v0 = ref.pieces(li)[0]
         k = k0.new_zeros((len(rows), k0.shape[1], width + room, k0.shape[3]))
         v = v0.new_zeros((len(rows), v0.shape[1], width + room, v0.shape[3]))
         for b, row in enumerate(rows):
             if row is not None:
-                k[b, :, width - row.n:width] = row.layers[li][0][0]
-                v[b, :, width - row.n:width] = row.layers[li][1][0]
+                at = width - row.n
+                for pk, pv in row.pieces(li):  # a prompt and a row's own tokens, copied without joining them
+                    k[b, :, at:at + pk.shape[2]] = pk[0]
+                    v[b, :, at:at + pk.shape[2]] = pv[0]
+                    at += pk.shape[2]
         out.append((k, v))
     return out
 

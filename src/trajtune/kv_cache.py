@@ -32,6 +32,20 @@ class RowCache:
         return row
 
     @property
+    def n_layers(self) -> int:
+        return len(self._layers) if self._layers is not None else len(self._parts[1])  # type: ignore[index]
+
+    def pieces(self, layer: int) -> Layers:
+        """Layer ``layer``'s (keys, values) as the consecutive pieces they are kept in: one, or the
+        prompt's then the row's own, so that a reader copying them into a batch need not join them
+        first (a second turn's prefill copies every row's cache into one buffer)."""
+        if self._layers is not None:
+            return [self._layers[layer]]
+        assert self._parts is not None
+        prefix, own = self._parts
+        return [*prefix.pieces(layer), own[layer]]
+
+    @property
     def layers(self) -> Layers:
         if self._layers is None:
             assert self._parts is not None
