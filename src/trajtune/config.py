@@ -34,6 +34,7 @@ from trajtune.learner import LearnerConfig
 from trajtune.models.loading import LoraConfig
 from trajtune.rollout import RolloutConfig
 from trajtune.settings import is_setting
+from trajtune.step_in_backward import clipping_refused
 
 
 class _C(BaseModel):
@@ -277,9 +278,7 @@ class TrainSpec(_TrainSpecFields):
         if self.warmup_steps >= self.steps:
             raise ValueError(f"train.warmup_steps ({self.warmup_steps}) must be below train.steps ({self.steps})")
         if self.step_in_backward and self.max_grad_norm is not None:
-            raise ValueError("train.step_in_backward updates each weight before the gradient's global norm is "
-                             f"known, so train.max_grad_norm ({self.max_grad_norm}) cannot clip; set "
-                             "max_grad_norm: null, or turn step_in_backward off")
+            raise ValueError(clipping_refused(self.max_grad_norm))
         if self.step_in_backward and self.sharding != "none":
             raise ValueError("train.step_in_backward cannot run with train.sharding: fsdp (gradients are "
                              "reduce-scattered across ranks after the backward pass); turn one off")

@@ -48,11 +48,11 @@ class RowCache:
     @property
     def layers(self) -> Layers:
         if self._layers is None:
-            assert self._parts is not None
-            prefix, own = self._parts
-            self._layers = [(torch.cat([pk, k], 2), torch.cat([pv, v], 2))
-                            for (pk, pv), (k, v) in zip(prefix.layers, own)]
-            self._parts = None
+            joined = []
+            for li in range(self.n_layers):
+                ks, vs = zip(*self.pieces(li))
+                joined.append((torch.cat(ks, 2), torch.cat(vs, 2)))
+            self._layers, self._parts = joined, None
         return self._layers
 
 

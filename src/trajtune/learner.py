@@ -51,7 +51,7 @@ from trajtune.tokens import TokenTrajectory
 from trajtune.errors import ConfigError, DataError, RankFailed, RunDirError
 from trajtune.schema import atomic_write_text, normal_permissions
 from trajtune.settings import setting
-from trajtune.step_in_backward import StepInBackward
+from trajtune.step_in_backward import StepInBackward, clipping_refused
 
 
 class ExperienceSource(Protocol):
@@ -326,9 +326,7 @@ class Learner:
         if not self.cfg.step_in_backward:
             return None
         if self.cfg.max_grad_norm is not None:
-            raise ConfigError("train.step_in_backward updates each weight before the gradient's global norm is "
-                              "known, so train.max_grad_norm cannot clip; set max_grad_norm: null, or turn "
-                              "step_in_backward off")
+            raise ConfigError(clipping_refused(self.cfg.max_grad_norm))
         if self.world > 1:
             raise ConfigError(f"train.step_in_backward needs one process (here {self.world}): the gradients must "
                               "be summed across ranks before any weight is updated; turn it off")

@@ -31,6 +31,13 @@ from typing import Any
 import torch
 
 
+def clipping_refused(max_grad_norm: float) -> str:
+    """Why a clipping norm and the step in backward cannot go together (the config and the learner
+    both refuse the pair, the learner for configs built in code)."""
+    return ("train.step_in_backward updates each weight before the gradient's global norm is known, so "
+            f"train.max_grad_norm ({max_grad_norm}) cannot clip; set max_grad_norm: null, or turn step_in_backward off")
+
+
 class StepInBackward:
     """Hooks on every trainable parameter that, while ``active()``, step the optimizer for that
     parameter alone as soon as its gradient is accumulated, then free the gradient. Outside
