@@ -79,8 +79,10 @@ def test_alternatives_are_executed_and_become_records(tiny_tok, monkeypatch):
     records, counts = early_experience_mine(None, tiny_tok, ChatRenderer(tiny_tok), lambda: make_env("home"),
                                             [(task, expert)], RolloutConfig(), spec, seed=0)
     states = expert_states(expert, 2)
+    # the environment answers every action but a final answer (the episode's last message), which ends it
+    silent = sum(i == len(expert.messages) - 1 for i in states)
     assert counts == {"experts": 1, "states": 2, "alternatives": 2, "duplicates": 2, "world_model_records": 4,
-                      "reflection_records": 2, "empty_reflections": 0}
+                      "silent_outcomes": silent, "reflection_records": 2, "empty_reflections": 0}
     wm = [r for r in records if r.metadata["early_experience"] == "world_model"]
     for r in wm:
         i = r.metadata["state"]
@@ -159,3 +161,32 @@ def test_rft_run_with_early_experience_and_no_success_mining(tmp_path, tiny_dir)
     assert kinds.count("reflection") == first["mined/ee_reflection_records"]
     # one reflection asked per state with an alternative (the tiny model's greedy replies may be empty)
     assert 0 < first["mined/ee_reflection_records"] + first["mined/ee_empty_reflections"] <= first["mined/ee_states"]
+
+
+def test_single_turn_environment_leaves_nothing_to_predict_and_the_run_says_so(tmp_path, tiny_dir, capsys):
+    """fncall with ``single_turn: true`` ends every episode at the first call, with no observation:
+    every world-model record would predict ENDED. The counts say so and the run prints why."""
+    from trajtune.algorithms.rft import RFTRunConfig
+    from trajtune.config import load_config
+    from trajtune.envs.expert_data import write_expert_data
+    from trajtune.train import run
+
+    kwargs = {"single_turn": True}
+    env = make_env("fncall", **kwargs)
+    data = tmp_path / "experts.jsonl"
+    write_expert_data("fncall", kwargs, env.tasks("train", 2, seed=0), data)
+    out = tmp_path / "rft"
+    cfg = load_config(None, RFTRunConfig, [
+        f"model={tiny_dir}", "env.name=fncall", "env.kwargs.single_turn=true", f"output_dir={out}",
+        f"data.path={data}", "rft.k=0", "rft.iterations=1", "rft.n_tasks=2", "rft.early_experience.alternatives=1",
+        "rft.early_experience.reflection=false", "rollout.max_new_tokens=8", "train.steps=1", "train.batch_size=2",
+        "train.warmup_steps=0", "report=false"])
+    run(cfg, quiet=False)
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in metrics if "mined/ee_states" in r)
+    assert first["mined/ee_world_model_records"] >= 2  # the expert's call at each of the 2 states, at least
+    assert first["mined/ee_silent_outcomes"] == first["mined/ee_world_model_records"]
+    mined = [json.loads(x) for x in next((out / "rft").glob("iter-*.jsonl")).read_text().splitlines()]
+    assert {m["messages"][-1]["content"] for m in mined} == {ENDED}
+    said = " ".join(capsys.readouterr().err.split())
+    assert "answered none of the" in said and "single_turn: false" in said

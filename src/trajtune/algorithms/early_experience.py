@@ -19,7 +19,10 @@ and the outcomes s' become training data of two kinds:
 The records join the expert data in ``rft`` (with ``rft.k: 0``, no attempt is mined for success:
 the run is SFT on expert data plus early experience, the paper's setting). Alternatives identical to
 the expert's action are dropped and counted; a reflection that comes back empty is counted, and that
-state gets no reflection record.
+state gets no reflection record. World-model records whose action the environment answered with nothing
+are counted too (``silent_outcomes``): in an environment that ends every episode at the first action
+(``fncall`` with ``single_turn: true``) they all read ``(the episode ends)`` and teach nothing, which
+the ``rft`` run reports.
 """
 
 from __future__ import annotations
@@ -117,6 +120,25 @@ class _Prompt(Environment):
         return StepResult([], done=True)
 
 
+def _world_model_records(experts: list[tuple[Task, Trajectory]],
+                         branches: dict[tuple[int, int], list[tuple[Message, list[Message]]]]) -> list[Trajectory]:
+    """One record per (state, action): the state and the action as text, the outcome as the trained reply."""
+    records = []
+    for (e, i), options in branches.items():
+        traj = experts[e][1]
+        state = state_text(traj.messages[:i])
+        for j, (action, obs) in enumerate(options):
+            records.append(Trajectory(
+                id=f"{traj.id}-wm-{i}-{j}",
+                messages=[Message(role="system", content=WORLD_MODEL_SYSTEM),
+                          Message(role="user", content=f"{state}\n\nNext action:\n{describe(action)}\n\n"
+                                                       "What does the environment return?"),
+                          Message(role="assistant", content=outcome_text(obs), train=True)],
+                metadata={"early_experience": "world_model", "expert": traj.id, "state": i,
+                          "expert_action": j == 0}))
+    return records
+
+
 def early_experience_mine(model: Any, tokenizer: Any, renderer: Any, env_factory: Any,
                           experts: list[tuple[Task, Trajectory]], rollout: Any, spec: EarlyExperienceSpec,
                           seed: int) -> tuple[list[Trajectory], dict[str, int]]:
@@ -131,7 +153,7 @@ def early_experience_mine(model: Any, tokenizer: Any, renderer: Any, env_factory
                 prefixes.append(traj.messages[:i])
                 jobs.append((e, i))
     counts = {"experts": len(experts), "states": len(set(jobs)), "alternatives": 0, "duplicates": 0,
-              "world_model_records": 0, "reflection_records": 0, "empty_reflections": 0}
+              "world_model_records": 0, "silent_outcomes": 0, "reflection_records": 0, "empty_reflections": 0}
     if not tasks:
         return [], counts
     episodes = agent_loop.run_rollouts(model, tokenizer, env_factory, tasks, one_turn, seed=seed, renderer=renderer,
@@ -153,19 +175,11 @@ def early_experience_mine(model: Any, tokenizer: Any, renderer: Any, env_factory
         counts["alternatives"] += 1
     records: list[Trajectory] = []
     if spec.world_model:
-        for (e, i), options in branches.items():
-            traj = experts[e][1]
-            state = state_text(traj.messages[:i])
-            for j, (action, obs) in enumerate(options):
-                records.append(Trajectory(
-                    id=f"{traj.id}-wm-{i}-{j}",
-                    messages=[Message(role="system", content=WORLD_MODEL_SYSTEM),
-                              Message(role="user", content=f"{state}\n\nNext action:\n{describe(action)}\n\n"
-                                                           "What does the environment return?"),
-                              Message(role="assistant", content=outcome_text(obs), train=True)],
-                    metadata={"early_experience": "world_model", "expert": traj.id, "state": i,
-                              "expert_action": j == 0}))
+        records = _world_model_records(experts, branches)
         counts["world_model_records"] = len(records)
+        # an action the environment answers with nothing (a single-turn environment ends every episode
+        # at once) leaves only ENDED to predict: counted, so that a run can say its records teach nothing
+        counts["silent_outcomes"] = sum(not obs for options in branches.values() for _, obs in options)
     if spec.reflection:
         keys = [k for k, options in branches.items() if len(options) > 1]  # nothing to compare without alternatives
         prompts = {}

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from trajtune import rollout as agent_loop  # by module: tests replace agent_loop.run_rollouts
 from trajtune.algorithms.actions import action_signature
 from trajtune.algorithms.batch import fit_length
-from trajtune.algorithms.early_experience import EarlyExperienceSpec, early_experience_mine
+from trajtune.algorithms.early_experience import ENDED, EarlyExperienceSpec, early_experience_mine
 from trajtune.algorithms.registry import Algorithm, Recipe, RunContext, register_algorithm
 from trajtune.algorithms.sft import (
     SFTObjective,
@@ -307,6 +307,12 @@ def _build(cfg: RFTRunConfig, ctx: RunContext, prepared: dict[str, Any]) -> Reci
                                               r.early_experience, seed)
             records += extra
             metrics.update({f"ee_{k}": float(v) for k, v in cx.items()})
+            if cx["world_model_records"] and cx["silent_outcomes"] == cx["world_model_records"] and not ctx.quiet:
+                console.print(f"[yellow]rft.early_experience: the environment answered none of the "
+                              f"{cx['world_model_records']} actions (every episode ended at once), so every world-"
+                              f"model record predicts '{ENDED}' and teaches nothing; use an environment that answers "
+                              "actions (for fncall: single_turn: false) or set early_experience.world_model: "
+                              "false[/yellow]")
         metrics["records"] = float(len(records))
         if not records and not prepared["fixed"] and not (r.keep_previous and it > 0):
             raise DataError(f"rft iteration {it + 1}: nothing to train on: {c.get('successes', 0)} successes in "
