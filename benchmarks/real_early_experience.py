@@ -71,17 +71,16 @@ def _env(p: dict[str, Any]) -> dict[str, Any]:
 
 def _expert_data(p: dict[str, Any], path: Path) -> None:
     from trajtune.envs import make_env
-    from trajtune.schema import write_trajectories
+    from trajtune.envs.expert_data import write_expert_data
 
-    if path.exists():
-        return
-    env = make_env("fncall", **_env(p)["kwargs"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_trajectories(path, [env.expert(t) for t in env.tasks("train", p["n_expert"], seed=p["seed"])])
+    if not path.exists():
+        kwargs = _env(p)["kwargs"]
+        write_expert_data("fncall", kwargs, make_env("fncall", **kwargs).tasks("train", p["n_expert"], seed=p["seed"]),
+                          path)
 
 
-def _world_model_data(work: Path) -> Path:
-    """The expert trajectories followed by the world-model records of ``ee_both``'s mining."""
+def _world_model_data(work: Path) -> None:
+    """``ee_world``'s data: the expert trajectories followed by the world-model records of ``ee_both``'s mining."""
     mined = work / "ee_both" / "rft" / "iter-000.jsonl"
     if not mined.exists():
         raise SystemExit(f"{mined} is missing: ee_world trains on ee_both's world-model records; run ee_both first")
@@ -89,7 +88,6 @@ def _world_model_data(work: Path) -> Path:
     wm = [line for line in mined.read_text().splitlines()
           if json.loads(line)["metadata"].get("early_experience") == "world_model"]
     path.write_text((work / "expert.jsonl").read_text() + "\n".join(wm) + "\n")
-    return path
 
 
 def config(arm: str, p: dict[str, Any], work: Path) -> Any:
@@ -103,9 +101,7 @@ def config(arm: str, p: dict[str, Any], work: Path) -> Any:
         model = {"name_or_path": str(resolve_model(p["model"]).path), "dtype": "float32",
                  "lora": {"r": p["lora_r"], "alpha": p["lora_alpha"], "target_modules": "all-linear"}}
     steps = p["start_steps"] if start else p["steps"]
-    data = work / "expert.jsonl"
-    if arm == "ee_world":
-        data = _world_model_data(work)
+    data = work / ("ee_world_data.jsonl" if arm == "ee_world" else "expert.jsonl")
     spec: dict[str, Any] = {
         "model": model, "output_dir": str(work / arm), "seed": p["seed"], "report": False,
         "data": {"path": str(data), "format": "ir", "max_length": p["max_length"]},
@@ -141,6 +137,8 @@ def train(arm: str, p: dict[str, Any], work: Path) -> dict[str, Any]:
     done = work / arm / "bench.json"
     if done.exists():
         return json.loads(done.read_text())  # type: ignore[no-any-return]
+    if arm == "ee_world":
+        _world_model_data(work)
     spec = {"arm": arm, "p": p, "work": str(work)}
     proc = subprocess.run([sys.executable, __file__, "--job", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
     if proc.returncode:
