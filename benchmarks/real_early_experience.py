@@ -18,7 +18,11 @@ it (r 16, lr 3e-4, batches of 4). Per seed:
      policy's own explanation of why the expert's call beats its own, followed by the expert's call;
    - ``ee_world``: the same without the reflection records: ``sft`` on the expert trajectories and
      the world-model records that ``ee_both`` mined (the mining is seeded, so mining again would
-     sample the same alternatives; reading them back saves its ~13 minutes).
+     sample the same alternatives; reading them back saves its ~13 minutes);
+   - ``ee_world_epoch``: ``ee_world``'s data for one epoch (its rows ÷ the batch, rounded up, in
+     place of ``--steps``). At ``--steps`` (60 × 4 = 240 rows: one epoch of ``sft``'s 240 expert
+     trajectories) the EE arms see each expert row about a third as often as ``sft``; here as often,
+     at about 3.4 times the steps.
 
 Scored greedily, single call (the BFCL shape, as the demo scores): **in-domain**, 50 ``fncall``
 training-split tasks of seed + 500 (functions seen in training, tasks no run trained on); **held-out
@@ -38,19 +42,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from _child_jobs import measured, run_child  # benchmarks/ is on sys.path when this script runs
 
 RESULTS = Path(__file__).parent / "results" / "real_early_experience.json"
 ARMS: dict[str, dict[str, Any] | None] = {
     "sft": None,
     "ee_both": {"world_model": True, "reflection": True, "states": 1},
     "ee_world": None,  # SFT on the expert data and ee_both's world-model records (the same mining)
+    "ee_world_epoch": None,  # the same data for one epoch: each expert row as often as in sft
 }
 IN_DOMAIN_TASKS, IN_DOMAIN_SEED_OFFSET = 50, 500
 
@@ -100,8 +104,10 @@ def config(arm: str, p: dict[str, Any], work: Path) -> Any:
     if start:
         model = {"name_or_path": str(resolve_model(p["model"]).path), "dtype": "float32",
                  "lora": {"r": p["lora_r"], "alpha": p["lora_alpha"], "target_modules": "all-linear"}}
+    data = work / ("ee_world_data.jsonl" if arm.startswith("ee_world") else "expert.jsonl")
     steps = p["start_steps"] if start else p["steps"]
-    data = work / ("ee_world_data.jsonl" if arm == "ee_world" else "expert.jsonl")
+    if arm == "ee_world_epoch":
+        steps = -(-len(data.read_text().splitlines()) // p["batch_size"])
     spec: dict[str, Any] = {
         "model": model, "output_dir": str(work / arm), "seed": p["seed"], "report": False,
         "data": {"path": str(data), "format": "ir", "max_length": p["max_length"]},
@@ -126,26 +132,16 @@ def _job(spec: dict[str, Any]) -> dict[str, Any]:
     from trajtune.train import run
 
     out = Path(spec["work"]) / spec["arm"]
-    t = time.time()
-    run(config(spec["arm"], spec["p"], Path(spec["work"])), resume=out.exists(), quiet=True)
-    return {"seconds": round(time.time() - t, 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "mined": _mined(out)}
+    _, cost = measured(lambda: run(config(spec["arm"], spec["p"], Path(spec["work"])), resume=out.exists(),
+                                   quiet=True))
+    return {**cost, "mined": _mined(out)}
 
 
 def train(arm: str, p: dict[str, Any], work: Path) -> dict[str, Any]:
     done = work / arm / "bench.json"
-    if done.exists():
-        return json.loads(done.read_text())  # type: ignore[no-any-return]
-    if arm == "ee_world":
+    if arm.startswith("ee_world") and not done.exists():
         _world_model_data(work)
-    spec = {"arm": arm, "p": p, "work": str(work)}
-    proc = subprocess.run([sys.executable, __file__, "--job", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{arm} (seed {p['seed']}) failed (exit {proc.returncode}); see above; rerun to resume")
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
-    done.write_text(json.dumps(info, indent=1))
-    return info
+    return run_child(__file__, {"arm": arm, "p": p, "work": str(work)}, done, f"{arm} (seed {p['seed']})")
 
 
 def scores(model: Path, p: dict[str, Any], work: Path, name: str) -> dict[str, float]:

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _child_jobs import measured, run_child  # benchmarks/ is on sys.path when this script runs
 
 K = 4  # attempts per task for rft and dpo
 LRS = {"rft": [1e-4, 3e-4], "dpo": [5e-5, 2e-5]}  # the first of each is tried first
@@ -79,26 +78,15 @@ def _train_job(spec: dict[str, Any]) -> dict[str, Any]:
 
     cfg = config(spec["arm"], Path(spec["demo"]), Path(spec["out"]), spec["p"], spec["seed"], spec["lr"],
                  spec["budget"])
-    t = time.time()
-    result = run(cfg, resume=Path(spec["out"]).exists(), quiet=True)
+    result, cost = measured(lambda: run(cfg, resume=Path(spec["out"]).exists(), quiet=True))
     last = result.get("last", {}) if isinstance(result, dict) else {}
-    return {"seconds": round(time.time() - t, 1), "peak_rss_mb": round(resource.getrusage(
-        resource.RUSAGE_SELF).ru_maxrss / 1024, 1), "last": {k: v for k, v in last.items()
-                                                              if isinstance(v, (int, float))}}
+    return {**cost, "last": {k: v for k, v in last.items() if isinstance(v, (int, float))}}
 
 
 def train(spec: dict[str, Any]) -> dict[str, Any]:
     """A finished run is read back (its ``bench.json``); otherwise it runs (or resumes) in a child process."""
-    done = Path(spec["out"]) / "bench.json"
-    if done.exists():
-        return json.loads(done.read_text())  # type: ignore[no-any-return]
-    proc = subprocess.run([sys.executable, __file__, "--job", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{spec['arm']} lr {spec['lr']:g} seed {spec['seed']} failed (exit {proc.returncode}); "
-                         f"see above; rerun to resume")
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
-    done.write_text(json.dumps(info, indent=1))
-    return info
+    return run_child(__file__, spec, Path(spec["out"]) / "bench.json",
+                     f"{spec['arm']} lr {spec['lr']:g} seed {spec['seed']}")
 
 
 def main() -> None:
