@@ -59,7 +59,7 @@ demo-again: $(STAMP)
 	$(BIN)/trajtune demo --out $(DEMO_OUT) --overwrite
 
 # A real pretrained model (SmolLM2-135M-Instruct, shipped as a GGUF in a package) learns to call
-# tools (LoRA SFT, then GRPO): about 46 minutes on 2 CPU cores (measured: docs/results.md). A finished
+# tools (LoRA SFT, then GRPO): 39 minutes on 2 quiet CPU cores (measured: docs/results.md). A finished
 # run is refused; pass --overwrite to replace it, or continue a killed one with `trajtune demo --model smollm2-135m --out runs/demo-real --resume`.
 demo-real: $(STAMP)
 	$(BIN)/trajtune demo --model smollm2-135m --out runs/demo-real

@@ -46,7 +46,8 @@ from trajtune.train import prepare_run_dir, run_rl, run_sft
 DECOMPOSED_REWARD = {"success": 1.0, "info.call_format": 0.1, "info.call_name": 0.1, "info.call_required": 0.1,
                      "info.call_types": 0.1, "info.call_values": 0.2}
 
-# Sized for about 46 minutes on 2 CPU cores (measured: docs/results.md, the real-model section).
+# Sized for about 40 minutes on 2 CPU cores (39 measured on a quiet machine: docs/results.md, the
+# real-model section).
 REAL_DEFAULTS: dict[str, Any] = {
     "n_train": 400,  # fncall expert trajectories (single call per request, the BFCL shape)
     "n_test": 50,  # held-out fncall tasks, on functions kept out of training

@@ -119,7 +119,7 @@ def demo(
     `pip install gguf`): evaluates the model on held-out `fncall` tasks and on the first 100 BFCL
     simple_python entries, LoRA-fine-tunes it on function-calling trajectories trajtune generates
     itself (never on BFCL), goes on training the adapter with GRPO on fncall training tasks
-    (--set rl_steps=0 skips it), and evaluates after each stage (about 46 minutes on 2 CPU cores).
+    (--set rl_steps=0 skips it), and evaluates after each stage (39 minutes on 2 quiet CPU cores).
     A killed run continues with --resume.
 
     An existing --out is never replaced without --overwrite.
