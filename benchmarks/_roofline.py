@@ -115,3 +115,55 @@ def decode_bandwidth_fraction(weight_bytes: float, tokens_per_s: float, limits: 
     """Memory-bound decoding: each step reads every weight once, for ``batch`` tokens. The bytes read
     per second, weight_bytes · tokens_per_s / batch, as a fraction of the measured read bandwidth."""
     return weight_bytes * tokens_per_s / batch / (_peak(limits, threads)["read_gb_s"] * 1e9)
+
+
+def head_params(config: Any) -> int:
+    """The LM head's weights (hidden × vocab): its share of ``matmul_params``."""
+    d = _dims(config)
+    return d["h"] * d["vocab"]
+
+
+def sequence_flops(config: Any, n: int, training: bool, *, head: int | None = None) -> float:
+    """FLOPs of one causal sequence of ``n`` tokens through the model (each token attends to those
+    before it and itself): ``n`` × ``model_flops_per_token`` at the mean causal context. ``head``:
+    the positions the LM head runs at, when not every one (the convention's default): training
+    needs logits only where a token is trained, sampling only after the last token, and trajtune
+    computes no others (``logits_to_keep``); its weights are 21 % of SmolLM2-135M's matmuls."""
+    if n <= 0:
+        return 0.0
+    total = n * model_flops_per_token(config, n, training, causal=True)
+    if head is not None:
+        total += (head - n) * (3 if training else 1) * 2 * head_params(config)
+    return total
+
+
+def continuation_flops(config: Any, cached: int, new: int, training: bool = False, *, head: int | None = None) -> float:
+    """FLOPs of ``new`` tokens encoded or sampled after ``cached`` tokens whose keys and values are
+    kept: the sequence of ``cached + new`` tokens less its first ``cached`` ones (what a KV cache
+    saves), with the LM head at ``head`` of the new positions (default: all)."""
+    body = sequence_flops(config, cached + new, training, head=0) - sequence_flops(config, cached, training, head=0)
+    return body + (new if head is None else head) * (3 if training else 1) * 2 * head_params(config)
+
+
+def rate(flops: float, seconds: float, limits: Mapping[Any, Any] | None, threads: int,
+         *, m: int | None = None) -> dict[str, float | None]:
+    """``{"gflops": model GFLOP/s, "matmul_fraction": of the peak at threads (None without limits
+    measured at that thread count)}``: the two columns a speed table adds."""
+    gflops = flops / seconds / 1e9
+    ok = limits is not None and threads in limits and (m is None or m in limits[threads]["gflops_by_m"])
+    return {"gflops": gflops, "matmul_fraction": fraction(gflops * 1e9, limits, threads, m=m) if ok else None}
+
+
+def limits_or_none(path: str | Path | None = None) -> dict[str, Any] | None:
+    """``load_limits`` of ``path`` (default ``roofline.json``), or None with a note when the file is
+    missing: a speed benchmark still prints its times, without the fraction columns."""
+    p = Path(path) if path else DEFAULT_PATH
+    if not p.exists():
+        print(f"(no roofline at {p}: run benchmarks/roofline.py --out {p} for the fraction columns)")
+        return None
+    return load_limits(p)
+
+
+def pct(x: float | None) -> str:
+    """A fraction as a table cell (``46%``), or ``-`` when there is none."""
+    return "-" if x is None else f"{x:.0%}"

@@ -13,7 +13,11 @@ This benchmark times, for several budgets, interleaved (budget A, B, … per rep
   observation and the next generation prompt), what every later turn of a multi-turn episode costs.
 
 A budget of 0 means one pass for all rows (the sampler before grouping). Reports seconds (min and
-median), tokens/s and model GFLOP/s as a fraction of the measured matmul peak (roofline.json).
+median), tokens/s and model GFLOP/s (the work as the sampler does it: the shared prefix once, the LM
+head at each row's last position only; ``work_flops``) as a fraction of the measured matmul peak
+(roofline.json). Before 2026-12-07 the GFLOP/s counted the LM head at every token, as the usual
+convention does, and a first turn's shared prefix once per prompt, neither of which the sampler
+computes: 1.2 times too high for these prompts.
 Prints a table and writes JSON. A benchmark, not a test.
 
     python benchmarks/prefill_speed.py --threads 1 --repeats 2
@@ -29,8 +33,22 @@ from pathlib import Path
 
 import torch
 
-from _roofline import fraction, model_flops_per_token
+from _roofline import continuation_flops, fraction, sequence_flops
 from decode_speed import add_common_args, setup
+
+
+def work_flops(config: object, prompts: list[list[int]], obs: int) -> dict[str, float]:
+    """The FLOPs each case needs, as the sampler computes them: the LM head only at each row's last
+    position (``logits_to_keep``); a first turn encodes the prefix all prompts share once (as
+    ``CachedSampler._share_prompt_prefix`` does), then each prompt's rest; a next turn encodes
+    ``obs`` tokens after each row's cached prompt."""
+    from trajtune.generation import _common_prefix
+
+    p = min(_common_prefix(prompts), min(map(len, prompts)) - 1)
+    p = p if p >= 8 else 0
+    first = sequence_flops(config, p, training=False, head=1 if p else 0) + sum(
+        continuation_flops(config, p, len(x) - p, head=1) for x in prompts)
+    return {"first turn": first, "next turn": sum(continuation_flops(config, len(x), obs, head=1) for x in prompts)}
 
 
 def main() -> None:
@@ -84,8 +102,7 @@ def main() -> None:
                 times[case][b].append(time.perf_counter() - t0)
                 passes[case, b] = n_passes
     new_tokens = {"first turn": sum(map(len, prompts)), "next turn": a.obs * len(prompts)}
-    mean_ctx = {"first turn": sum(map(len, prompts)) / len(prompts) / 2,
-                "next turn": sum(map(len, prompts)) / len(prompts) + a.obs / 2}
+    flops = work_flops(model.config, prompts, a.obs)
     lens = sorted(map(len, prompts))
     print(f"{a.model}: {a.rows} distinct fncall prompts of {lens[0]}/{lens[len(lens) // 2]}/{lens[-1]} tokens "
           f"(min/median/max); next turn: {a.obs} new tokens per row; {a.threads} thread(s), {a.repeats} repeats")
@@ -95,7 +112,7 @@ def main() -> None:
         for b in a.budgets:
             best, med = min(times[case][b]), statistics.median(times[case][b])
             tps = new_tokens[case] / best
-            gflops = tps * model_flops_per_token(model.config, int(mean_ctx[case]), training=False) / 1e9
+            gflops = flops[case] / best / 1e9
             row = {"case": case, "budget": b, "min_s": best, "median_s": med, "tokens_per_s": tps,
                    "gflops": gflops, "matmul_fraction": fraction(gflops * 1e9, limits, a.threads),
                    "passes": passes[case, b], "runs": times[case][b]}

@@ -6,7 +6,11 @@ a GRPO group; the loss is the clipped policy-gradient surrogate (``PolicyGradien
 step computes: the reference log-probs (a no-grad forward of the same weights, shared or not like
 the policy's) plus the DPO loss's forward and backward.
 Runs are interleaved (off, on, off, on, ...) on one thread, after a warm-up of each; min and
-median seconds are reported. Prints a table and writes JSON. A benchmark, not a test: never asserted.
+median seconds are reported, and each setting's model GFLOP/s at its median: the FLOPs it computes
+(off: every row's whole sequence; on: the prompt once and each completion after it; the LM head at
+the completions only; ``_roofline.sequence_flops`` and ``continuation_flops``; forward and
+backward, plus DPO's reference forward) as a fraction of this machine's matmul peak
+(``benchmarks/roofline.py``). Prints a table and writes JSON. A benchmark, not a test: never asserted.
 
     python benchmarks/prefix_share.py                        # the demo-size tiny model (micro preset)
     python benchmarks/prefix_share.py --model smollm2-135m   # SmolLM2-135M (cached locally)
@@ -23,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from _roofline import continuation_flops, limits_or_none, pct, rate, sequence_flops
 
 
 def tiny_model(preset: str, vocab: int, max_len: int):
@@ -70,6 +76,17 @@ def step_seconds(model, objective, tts, share: bool) -> float:
     return time.perf_counter() - t0
 
 
+def work_flops(config, tts, prompt: int, share: bool, dpo: bool) -> float:
+    """The FLOPs a step computes: forward + backward of the rows (the prompt once when shared), and
+    for DPO the reference's forward of the same tokens."""
+    def f(training: bool) -> float:  # the LM head at the completions' tokens only, as the objectives compute it
+        if not share:
+            return sum(sequence_flops(config, len(t.ids), training, head=len(t.ids) - prompt) for t in tts)
+        return sequence_flops(config, prompt, training, head=0) + sum(
+            continuation_flops(config, prompt, len(t.ids) - prompt, training) for t in tts)
+    return f(True) + (f(False) if dpo else 0.0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", help="tiny (the demo's micro preset, random weights) or a "
@@ -82,6 +99,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--objective", choices=["pg", "dpo"], default="pg",
                     help="pg: a GRPO group's policy-gradient loss; dpo: (chosen, rejected) pairs with reference log-probs")
+    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
     ap.add_argument("--out", default=None,
                     help="JSON path (default benchmarks/results/prefix_share[_dpo][_MODEL].json)")
     a = ap.parse_args()
@@ -114,14 +132,18 @@ def main() -> None:
         times["off"].append(step_seconds(model, objective, tts, False))
         times["on"].append(step_seconds(model, objective, tts, True))
 
-    rows = {k: {"min_s": min(v), "median_s": statistics.median(v), "runs": v} for k, v in times.items()}
+    limits = limits_or_none(a.roofline)
+    rows = {k: {"min_s": min(v), "median_s": statistics.median(v), "runs": v,
+                **rate(work_flops(model.config, tts, a.prompt, k == "on", a.objective == "dpo"), statistics.median(v),
+                       limits, a.threads)} for k, v in times.items()}
     speedup_min = rows["off"]["min_s"] / rows["on"]["min_s"]
     speedup_med = rows["off"]["median_s"] / rows["on"]["median_s"]
     print(f"model {name} ({params / 1e6:.1f}M params), objective {a.objective}, {a.rows} rows × ({a.prompt} prompt + ~{a.completion} "
           f"completion tokens), forward + backward, {a.threads} thread(s), {a.repeats} interleaved runs each")
-    print(f"{'share_prefix':<14}{'min s':>10}{'median s':>11}")
+    print(f"{'share_prefix':<14}{'min s':>10}{'median s':>11}{'GFLOP/s':>10}{'÷ peak':>8}")
     for k in ("off", "on"):
-        print(f"{k:<14}{rows[k]['min_s']:>10.4f}{rows[k]['median_s']:>11.4f}")
+        print(f"{k:<14}{rows[k]['min_s']:>10.4f}{rows[k]['median_s']:>11.4f}{rows[k]['gflops']:>10.1f}"
+              f"{pct(rows[k]['matmul_fraction']):>8}")
     print(f"{'speed-up':<14}{speedup_min:>9.2f}×{speedup_med:>10.2f}×")
 
     stem = "prefix_share" + ("_dpo" if a.objective == "dpo" else "")
@@ -132,7 +154,7 @@ def main() -> None:
         "benchmark": "prefix_share", "objective": a.objective, "model": name, "parameters": params, "rows": a.rows, "prompt_tokens": a.prompt,
         "completion_tokens": a.completion, "threads": a.threads, "repeats": a.repeats,
         "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
-        "results": rows, "speedup_min": speedup_min, "speedup_median": speedup_med,
+        "roofline": limits["raw"].get("peaks") if limits else None, "results": rows, "speedup_min": speedup_min, "speedup_median": speedup_med,
     }, indent=2) + "\n")
     print(f"wrote {out}")
 

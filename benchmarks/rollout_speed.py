@@ -3,7 +3,12 @@ batch 32 against batch 1, with the KV cache kept across turns (`rollout.reuse_kv
 default) and with `generate()` re-encoding the history every turn.
 
 Interleaved (each configuration once per repeat, in turn), one thread, the same tasks and seed;
-prints min and median seconds and episodes/s, and writes JSON. A benchmark, not a test.
+prints min and median seconds and episodes/s, and writes JSON. Also as model GFLOP/s: the useful
+work, every episode's tokens through the model once and the LM head once per sampled token
+(``_roofline.sequence_flops``; re-encoding the history, as ``generate()`` does, is work no episode
+needs, so it counts nothing), and that as a fraction of this machine's best matmul rate at the
+thread count (``benchmarks/roofline.py``, measured at SmolLM2-135M's shapes: a tiny model reads low
+against it). A benchmark, not a test.
 
     python benchmarks/rollout_speed.py --model runs/demo/sft/final --episodes 64 --repeats 3
 """
@@ -16,6 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
+from _roofline import limits_or_none, pct, rate, sequence_flops
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -25,8 +32,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
     ap.add_argument("--out", default="benchmarks/results/rollout_speed.json")
     a = ap.parse_args()
+    limits = limits_or_none(a.roofline)
 
     import torch
 
@@ -35,6 +44,7 @@ def main() -> None:
     from trajtune.envs import make_env
     from trajtune.models.loading import load_model, load_tokenizer
     from trajtune.rollout import RolloutConfig, run_rollouts
+    from trajtune.tokens import SOURCE_POLICY
 
     tok = load_tokenizer(a.model)
     model = load_model(a.model, trainable=False)
@@ -43,6 +53,7 @@ def main() -> None:
     configs = {f"batch {b}, {'kv cache' if c else 'generate'}": (b, c) for b in (32, 1) for c in (True, False)}
     times: dict[str, list[float]] = {k: [] for k in configs}
     info: dict[str, dict[str, float]] = {}
+    flops: dict[str, list[float]] = {k: [] for k in configs}  # per repeat: each repeat samples with its own seed
     run_rollouts(model, tok, lambda: make_env(a.env), tasks[:4], RolloutConfig(max_turns=4, max_new_tokens=40,
                  max_length=512, batch_size=4), renderer=renderer)  # warm-up
     for rep in range(a.repeats):
@@ -52,6 +63,9 @@ def main() -> None:
             t = time.perf_counter()
             eps = run_rollouts(model, tok, lambda: make_env(a.env), tasks, ro, seed=rep, renderer=renderer)
             times[name].append(time.perf_counter() - t)
+            flops[name].append(sum(sequence_flops(model.config, len(e.tokens), training=False,
+                                                  head=sum(1 for x in e.tokens.source if x == SOURCE_POLICY))
+                                   for e in eps))
             info[name] = {"turns": statistics.mean(e.turns for e in eps),
                           "tokens": statistics.mean(len(e.tokens) for e in eps),
                           "success": statistics.mean(float(bool(e.trajectory.outcome.success)) for e in eps)}
@@ -60,16 +74,19 @@ def main() -> None:
     rows = []
     print(f"\n{a.episodes} episodes of '{a.env}' with {a.model}, {a.threads} thread(s), {a.repeats} repeats")
     print(f"{'configuration':28s} {'min s':>7s} {'median s':>9s} {'episodes/s':>11s} {'× batch 1 generate':>19s} "
-          f"{'turns':>6s}")
+          f"{'turns':>6s} {'GFLOP/s':>8s} {'÷ peak':>7s}")
     for name in configs:
         mn, md = min(times[name]), statistics.median(times[name])
+        r = rate(flops[name][times[name].index(mn)], mn, limits, a.threads)  # the fastest repeat's own work
         rows.append({"configuration": name, "min_s": mn, "median_s": md, "episodes_per_s": a.episodes / mn,
-                     "speedup_vs_batch1_generate": base / mn, **info[name]})
-        print(f"{name:28s} {mn:7.2f} {md:9.2f} {a.episodes / mn:11.1f} {base / mn:19.1f} {info[name]['turns']:6.2f}")
+                     "speedup_vs_batch1_generate": base / mn, **info[name], **r})
+        print(f"{name:28s} {mn:7.2f} {md:9.2f} {a.episodes / mn:11.1f} {base / mn:19.1f} {info[name]['turns']:6.2f} "
+              f"{r['gflops']:8.2f} {pct(r['matmul_fraction']):>7s}")
     print(f"batch 32 vs batch 1, both with the kv cache: {min(times['batch 1, kv cache']) / min(times['batch 32, kv cache']):.1f}×")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"model": a.model, "episodes": a.episodes, "threads": a.threads,
-                                       "torch": torch.__version__, "rows": rows, "times": times}, indent=1))
+                                       "torch": torch.__version__,
+                                       "roofline": limits["raw"].get("peaks") if limits else None, "rows": rows, "times": times}, indent=1))
     print(f"wrote {a.out}")
 
 

@@ -1,9 +1,13 @@
 """SFT throughput and memory: trajtune's learner vs a plain PyTorch loop on the same model and data.
 
 The plain loop is the floor (no masking bookkeeping, no checkpoint machinery): the gap is
-trajtune's overhead. Prints a table and writes JSON. A benchmark, not a test: never asserted.
+trajtune's overhead. Also as model GFLOP/s (forward + backward of every row's tokens, the LM head
+only at trained ones: ``_roofline.sequence_flops``) and that as a fraction of this machine's matmul
+peak at the thread count (``benchmarks/roofline.py``; the peak is measured at SmolLM2-135M's
+shapes, so the tiny model's far smaller matmuls read low against it). Prints a table and writes
+JSON. A benchmark, not a test: never asserted.
 
-    python benchmarks/train_throughput.py --steps 30 --out bench_train.json
+    python benchmarks/train_throughput.py --steps 30 --threads 1 --out bench_train.json
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from _roofline import limits_or_none, pct, rate, sequence_flops
 
 
 def _data(n: int):
@@ -76,20 +82,39 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--records", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
     ap.add_argument("--out", default="bench_train.json")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    threads = torch.get_num_threads()
+    limits = limits_or_none(a.roofline)
     model_dir, tok, tts = _data(a.records)
-    tokens = sum(len(tts[(s * a.batch_size + i) % len(tts)]) for s in range(a.steps) for i in range(a.batch_size))
+    from transformers import AutoConfig
+
+    from trajtune.tokens import SOURCE_POLICY
+
+    config = AutoConfig.from_pretrained(model_dir)
+    used = [tts[(s * a.batch_size + i) % len(tts)] for s in range(a.steps) for i in range(a.batch_size)]
+    tokens = sum(len(t) for t in used)
+    # the LM head only where a token is trained (trajtune computes no other logits; the plain loop does)
+    flops = sum(sequence_flops(config, len(t), training=True, head=sum(1 for x in t.source if x == SOURCE_POLICY))
+                for t in used)
     rows = []
     for name, fn in [("plain torch loop", run_plain), ("trajtune learner", run_trajtune)]:
         secs = fn(model_dir, tok, tts, a.steps, a.batch_size)
         rows.append({"runner": name, "seconds": round(secs, 2), "tokens_per_s": round(tokens / secs, 1),
+                     **rate(flops, secs, limits, threads),
                      "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)})
-    print(f"{'runner':20s} {'seconds':>8s} {'tokens/s':>10s} {'peak RSS MiB':>13s}")
+    print(f"{'runner':20s} {'seconds':>8s} {'tokens/s':>10s} {'GFLOP/s':>8s} {'÷ peak':>7s} {'peak RSS MiB':>13s}")
     for r in rows:
-        print(f"{r['runner']:20s} {r['seconds']:8.2f} {r['tokens_per_s']:10.1f} {r['peak_rss_mib']:13.1f}")
-    print("(peak RSS is the process maximum so far, so the second row includes the first)")
-    Path(a.out).write_text(json.dumps({"steps": a.steps, "batch_size": a.batch_size, "rows": rows}, indent=1))
+        print(f"{r['runner']:20s} {r['seconds']:8.2f} {r['tokens_per_s']:10.1f} {r['gflops']:8.2f} "
+              f"{pct(r['matmul_fraction']):>7s} {r['peak_rss_mib']:13.1f}")
+    print(f"({threads} thread(s); peak RSS is the process maximum so far, so the second row includes the first)")
+    Path(a.out).write_text(json.dumps({"steps": a.steps, "batch_size": a.batch_size, "threads": threads,
+                                       "roofline": limits["raw"].get("peaks") if limits else None, "rows": rows},
+                                      indent=1))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 processes: 4 `fncall` prompts x 8 samples, temperature 1, up to 96 new tokens, the model's stop
 tokens (so rows leave the batch at different steps). Prints min and median seconds and tokens/s,
 writes JSON. ``--share-arms``: this checkout with the prompt's cache shared by a group's samples
-(``rollout.share_prompt_cache``, default) and without, instead of another checkout. A benchmark,
-not a test.
+(``rollout.share_prompt_cache``, default) and without, instead of another checkout. Also as model
+GFLOP/s (each distinct prompt encoded once, each sampled token but the last fed through the model
+at its context, the LM head once per sampled token: ``_roofline.sequence_flops`` and
+``continuation_flops``; the same work in every arm) and that as a fraction of this machine's matmul
+peak (``benchmarks/roofline.py``). A benchmark, not a test.
 
     git worktree add /tmp/old 257be1d
     python benchmarks/turn_speed.py --model runs/demo-real/sft/final --baseline-src /tmp/old/src --repeats 3
@@ -21,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _roofline import continuation_flops, limits_or_none, pct, rate, sequence_flops
 
 
 def one_turn(model_path: str, threads: int, share_prompt: bool = True) -> dict:
@@ -48,7 +53,10 @@ def one_turn(model_path: str, threads: int, share_prompt: bool = True) -> dict:
     out = sampler.turn(rows, [96] * len(rows), seed=11)
     dt = time.perf_counter() - t0
     lens = [len(o[0]) for o in out]
-    return {"seconds": dt, "tokens": sum(lens), "min_len": min(lens), "max_len": max(lens)}
+    # the LM head once per sampled token (the first from the prompt's last position)
+    flops = sum(sequence_flops(model.config, len(p), training=False, head=0) for p in prompts)
+    flops += sum(continuation_flops(model.config, len(rows[i][1]), n - 1, head=n) for i, n in enumerate(lens))
+    return {"seconds": dt, "tokens": sum(lens), "min_len": min(lens), "max_len": max(lens), "flops": flops}
 
 
 def main() -> None:
@@ -61,11 +69,13 @@ def main() -> None:
                     help="compare this checkout with and without the shared prompt cache")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-share", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
     ap.add_argument("--out", default="benchmarks/results/turn_speed.json")
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(one_turn(a.model, a.threads, share_prompt=not a.no_share)))
         return
+    limits = limits_or_none(a.roofline)
     here = str(Path(__file__).resolve().parents[1] / "src")
     if a.share_arms:
         arms = {"shared prompt cache": (here, []), "a copy per sample": (here, ["--no-share"])}
@@ -78,16 +88,20 @@ def main() -> None:
             p = subprocess.run([sys.executable, __file__, "--worker", "--model", a.model, "--threads", str(a.threads),
                                 *extra], env=env, capture_output=True, text=True, check=True)
             runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
-    print("| arm | min s | median s | tokens | tokens/s (median) |\n|---|---|---|---|---|")
+    print("| arm | min s | median s | tokens | tokens/s (median) | GFLOP/s (median) | ÷ matmul peak |\n"
+          "|---|---|---|---|---|---|---|")
     table = {}
     for name, rs in runs.items():
         secs = [r["seconds"] for r in rs]
         med = statistics.median(secs)
         table[name] = {"min_s": min(secs), "median_s": med, "tokens": rs[0]["tokens"],
-                       "tokens_per_s": rs[0]["tokens"] / med, "runs": rs, "src": arms[name][0],
-                       "flags": arms[name][1]}
-        print(f"| {name} | {min(secs):.2f} | {med:.2f} | {rs[0]['tokens']} | {rs[0]['tokens'] / med:.1f} |")
-    Path(a.out).write_text(json.dumps({"model": a.model, "threads": a.threads, "arms": table}, indent=1) + "\n")
+                       "tokens_per_s": rs[0]["tokens"] / med, **rate(rs[0]["flops"], med, limits, a.threads),
+                       "runs": rs, "src": arms[name][0], "flags": arms[name][1]}
+        print(f"| {name} | {min(secs):.2f} | {med:.2f} | {rs[0]['tokens']} | {rs[0]['tokens'] / med:.1f} | "
+              f"{table[name]['gflops']:.1f} | {pct(table[name]['matmul_fraction'])} |")
+    Path(a.out).write_text(json.dumps({"model": a.model, "threads": a.threads,
+                                       "roofline": limits["raw"].get("peaks") if limits else None, "arms": table},
+                                      indent=1) + "\n")
     print(f"wrote {a.out}")
 
 

@@ -18,7 +18,12 @@ Settings pinned per side: trajtune with and without `train.gradient_checkpointin
 plus `train.step_in_backward` (which cannot clip: that run has no clipping, the others clip at 1.0);
 TRL with its default (gradient checkpointing on) and with it off. Reported: min and median tokens/s
 over the repeats (tokens = non-padding tokens of the timed steps), the min of the per-run median
-step time, and peak RSS, also as a fraction of TRL's default's. Needs the `bench` extra
+step time, and peak RSS, also as a fraction of TRL's default's; and the median model GFLOP/s
+(forward and backward of every row's tokens, the LM head at trained tokens only,
+``_roofline.sequence_flops``; a forward recomputed under gradient checkpointing is not counted) as
+a fraction of this machine's matmul peak at the thread count (``benchmarks/roofline.py``). The GRPO
+task reports step times only: a step mixes sampling and training, whose fractions are
+``decode_speed.py``'s, ``turn_speed.py``'s and ``prefix_share.py``'s. Needs the `bench` extra
 (`pip install -e '.[bench]'`). A benchmark, not a test.
 
     python benchmarks/vs_trl.py --model smollm2-135m --steps 4 --batch 2 --repeats 2
@@ -39,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _roofline import limits_or_none, pct, rate, sequence_flops
 
 
 def _rows(model: str, n: int, max_length: int) -> tuple[Any, list[Any]]:
@@ -144,8 +151,12 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
         losses = [float(x["loss"]) for x in trainer.state.log_history if "loss" in x]
     timed, timed_tokens = times[1:], tokens[1:]
+    # the LM head only where a token is trained (weight > 0): the logits the loss needs
+    flops = sum(sequence_flops(model.config, len(r), training=True, head=sum(1 for w in r.weight if w > 0))
+                for b in batches[1:] for r in b)
     # the first step's loss (same weights, same rows) checks that both sides train the same objective
     return {"side": a.side, "gc": a.gc, "first_loss": losses[0] if losses else None, "tokens_per_s": sum(timed_tokens) / sum(timed),
+            "flops_per_s": flops / sum(timed),
             "median_step_s": statistics.median(timed), "step_s": timed, "tokens": timed_tokens,
             "peak_rss_gb": _peak_rss_gb(), "rss_trace_gb": rss_trace,
             "trl": __import__("trl").__version__ if a.side == "trl" else None}
@@ -249,6 +260,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
     ap.add_argument("--task", choices=["sft", "grpo"], default="sft",
                     help="sft: tokens/s and memory; grpo: step time on single-turn function calling (fncall), "
                          f"{GRPO_TASKS} prompts × {GRPO_GROUP} samples of ≤ {GRPO_NEW} tokens per step")
@@ -285,6 +297,7 @@ def main() -> None:
             runs.setdefault(name, []).append(r)
             print(f"repeat {rep} {name}: {r['tokens_per_s']:.1f} tokens/s, peak RSS {r['peak_rss_gb']:.2f} GB, "
                   f"first-step loss {r['first_loss']:.4f}", flush=True)
+    limits = limits_or_none(a.roofline)
     base = "trl, gradient checkpointing on"  # TRL's default
     trl_runs = [n for n in runs if n.startswith("trl")]
     best_trl = max((statistics.median(x["tokens_per_s"] for x in runs[n]) for n in trl_runs), default=float("nan"))
@@ -293,19 +306,22 @@ def main() -> None:
     print(f"\nSFT on {a.model}: batch {a.batch}, {a.steps} timed steps, {a.threads} threads, {a.repeats} repeats, "
           f"TRL {next((r['trl'] for n in runs for r in runs[n] if r['trl']), 'not run')}")
     print(f"{'configuration':60s} {'min tok/s':>10s} {'median tok/s':>13s} {'step s':>7s} {'peak RSS GB':>12s} "
-          f"{'× best TRL':>10s} {'RSS ÷ TRL default':>17s}")
+          f"{'× best TRL':>10s} {'RSS ÷ TRL default':>17s} {'GFLOP/s':>8s} {'÷ peak':>7s}")
     for name, rs in runs.items():
         tps = [x["tokens_per_s"] for x in rs]
         row = {"configuration": name, "min_tokens_per_s": min(tps), "median_tokens_per_s": statistics.median(tps),
                "step_s": min(x["median_step_s"] for x in rs), "peak_rss_gb": max(x["peak_rss_gb"] for x in rs)}
         row["vs_best_trl"] = row["median_tokens_per_s"] / best_trl
         row["rss_vs_trl_default"] = row["peak_rss_gb"] / base_rss
+        row.update(rate(statistics.median(x["flops_per_s"] for x in rs), 1.0, limits, a.threads))
         rows.append(row)
         print(f"{name:60s} {row['min_tokens_per_s']:10.1f} {row['median_tokens_per_s']:13.1f} {row['step_s']:7.2f} "
-              f"{row['peak_rss_gb']:12.2f} {row['vs_best_trl']:10.2f} {row['rss_vs_trl_default']:17.2f}")
+              f"{row['peak_rss_gb']:12.2f} {row['vs_best_trl']:10.2f} {row['rss_vs_trl_default']:17.2f} "
+              f"{row['gflops']:8.1f} {pct(row['matmul_fraction']):>7s}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"model": a.model, "batch": a.batch, "steps": a.steps, "threads": a.threads,
-                                       "baseline": base, "rows": rows, "runs": runs}, indent=1))
+                                       "baseline": base, "roofline": limits["raw"].get("peaks") if limits else None,
+                                       "rows": rows, "runs": runs}, indent=1))
     print(f"wrote {a.out}")
 
 

@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmark_module import load  # pytest puts tests/ on sys.path
 
-
-def _load():
-    # benchmarks/ is not a package: import the helper by path, as other benchmarks do
-    spec = importlib.util.spec_from_file_location("_roofline", ROOT / "benchmarks" / "_roofline.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["_roofline"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rl = _load()
+rl = load("_roofline")
 
 
 def test_smollm2_135m_matmul_params_by_hand():
@@ -72,3 +59,33 @@ def test_fractions_of_the_measured_limits(tmp_path):
     assert rl.decode_bandwidth_fraction(0.5e9, 64, limits, threads=2, batch=4) == pytest.approx(0.5)
     with pytest.raises(KeyError, match="measured: \\[1, 2\\]"):
         rl.fraction(1e9, limits, threads=4)
+
+
+def test_sequence_and_continuation_flops_by_hand():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, vocab_size=10, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)
+    # 3 tokens attend to 1, 2 and 3 keys: 3 · 2 · 1232 + 4 · 2 layers · 8 · (1 + 2 + 3)
+    assert rl.sequence_flops(cfg, 3, training=False) == 3 * 2 * 1232 + 4 * 2 * 8 * 6
+    assert rl.sequence_flops(cfg, 3, training=True) == 3 * (3 * 2 * 1232 + 4 * 2 * 8 * 6)
+    assert rl.sequence_flops(cfg, 0, training=False) == 0
+    # 2 tokens after 3 cached ones attend to 4 and 5 keys
+    assert rl.continuation_flops(cfg, 3, 2) == pytest.approx(2 * 2 * 1232 + 4 * 2 * 8 * 9)
+    # the LM head (8 · 10 = 80 weights) at 1 position of 3 instead of all: 2 · 80 · 2 fewer, ×3 training
+    assert rl.head_params(cfg) == 80
+    assert rl.sequence_flops(cfg, 3, training=False, head=1) == 3 * 2 * 1232 + 4 * 2 * 8 * 6 - 2 * 2 * 80
+    assert rl.sequence_flops(cfg, 3, training=True, head=0) == 3 * (3 * 2 * 1152 + 4 * 2 * 8 * 6)
+    assert rl.continuation_flops(cfg, 3, 2, head=1) == pytest.approx(2 * 2 * 1152 + 4 * 2 * 8 * 9 + 2 * 80)
+
+
+def test_rate_columns_with_and_without_limits(tmp_path):
+    f = tmp_path / "roofline.json"
+    f.write_text(json.dumps({"peaks": {"1": {"gflops": 50.0, "gflops_by_m": {"32": 40.0}, "read_gb_s": 10.0}}}))
+    limits = rl.limits_or_none(f)
+    assert rl.rate(50e9, 2.0, limits, 1) == {"gflops": 25.0, "matmul_fraction": 0.5}
+    assert rl.rate(50e9, 2.0, limits, 1, m=32)["matmul_fraction"] == pytest.approx(25 / 40)
+    assert rl.rate(50e9, 2.0, limits, 2) == {"gflops": 25.0, "matmul_fraction": None}  # not measured at 2 threads
+    assert rl.limits_or_none(tmp_path / "absent.json") is None
+    assert rl.rate(50e9, 2.0, None, 1)["matmul_fraction"] is None
+    assert (rl.pct(0.456), rl.pct(None)) == ("46%", "-")
