@@ -154,7 +154,8 @@ def main() -> None:
         "benchmark": "prefix_share", "objective": a.objective, "model": name, "parameters": params, "rows": a.rows, "prompt_tokens": a.prompt,
         "completion_tokens": a.completion, "threads": a.threads, "repeats": a.repeats,
         "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
-        "roofline": limits["raw"].get("peaks") if limits else None, "results": rows, "speedup_min": speedup_min, "speedup_median": speedup_med,
+        "roofline": limits["raw"].get("peaks") if limits else None, "results": rows, "speedup_min": speedup_min,
+        "speedup_median": speedup_med,
     }, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -86,7 +86,8 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"model": a.model, "episodes": a.episodes, "threads": a.threads,
                                        "torch": torch.__version__,
-                                       "roofline": limits["raw"].get("peaks") if limits else None, "rows": rows, "times": times}, indent=1))
+                                       "roofline": limits["raw"].get("peaks") if limits else None, "rows": rows,
+                                       "times": times}, indent=1))
     print(f"wrote {a.out}")
 
 
