@@ -145,6 +145,14 @@ def continuation_flops(config: Any, cached: int, new: int, training: bool = Fals
     return body + (new if head is None else head) * (3 if training else 1) * 2 * head_params(config)
 
 
+def trained_tokens(row: Any) -> int:
+    """Positions of a ``TokenTrajectory`` whose logits the SFT loss uses (``Batch.loss_mask``: policy
+    tokens of weight > 0): where trajtune's learner runs the LM head."""
+    from trajtune.tokens import SOURCE_POLICY
+
+    return sum(1 for s, w in zip(row.source, row.weight) if s == SOURCE_POLICY and w > 0)
+
+
 def rate(flops: float, seconds: float, limits: Mapping[Any, Any] | None, threads: int,
          *, m: int | None = None) -> dict[str, float | None]:
     """``{"gflops": model GFLOP/s, "matmul_fraction": of the peak at threads (None without limits

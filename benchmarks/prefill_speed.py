@@ -39,13 +39,12 @@ from decode_speed import add_common_args, setup
 
 def work_flops(config: object, prompts: list[list[int]], obs: int) -> dict[str, float]:
     """The FLOPs each case needs, as the sampler computes them: the LM head only at each row's last
-    position (``logits_to_keep``); a first turn encodes the prefix all prompts share once (as
-    ``CachedSampler._share_prompt_prefix`` does), then each prompt's rest; a next turn encodes
+    position (``logits_to_keep``); a first turn encodes the prefix all prompts share once (the
+    sampler's own ``shared_prompt_prefix``), then each prompt's rest; a next turn encodes
     ``obs`` tokens after each row's cached prompt."""
-    from trajtune.generation import _common_prefix
+    from trajtune.generation import shared_prompt_prefix
 
-    p = min(_common_prefix(prompts), min(map(len, prompts)) - 1)
-    p = p if p >= 8 else 0
+    p = shared_prompt_prefix(prompts)
     first = sequence_flops(config, p, training=False, head=1 if p else 0) + sum(
         continuation_flops(config, p, len(x) - p, head=1) for x in prompts)
     return {"first turn": first, "next turn": sum(continuation_flops(config, len(x), obs, head=1) for x in prompts)}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from _roofline import limits_or_none, pct, rate, sequence_flops
+from _roofline import limits_or_none, pct, rate, sequence_flops, trained_tokens
 
 
 def _data(n: int):
@@ -93,14 +93,11 @@ def main() -> None:
     model_dir, tok, tts = _data(a.records)
     from transformers import AutoConfig
 
-    from trajtune.tokens import SOURCE_POLICY
-
     config = AutoConfig.from_pretrained(model_dir)
     used = [tts[(s * a.batch_size + i) % len(tts)] for s in range(a.steps) for i in range(a.batch_size)]
     tokens = sum(len(t) for t in used)
     # the LM head only where a token is trained (trajtune computes no other logits; the plain loop does)
-    flops = sum(sequence_flops(config, len(t), training=True, head=sum(1 for x in t.source if x == SOURCE_POLICY))
-                for t in used)
+    flops = sum(sequence_flops(config, len(t), training=True, head=trained_tokens(t)) for t in used)
     rows = []
     for name, fn in [("plain torch loop", run_plain), ("trajtune learner", run_trajtune)]:
         secs = fn(model_dir, tok, tts, a.steps, a.batch_size)

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _roofline import limits_or_none, pct, rate, sequence_flops
+from _roofline import limits_or_none, pct, rate, sequence_flops, trained_tokens
 
 
 def _rows(model: str, n: int, max_length: int) -> tuple[Any, list[Any]]:
@@ -151,8 +151,8 @@ def worker(a: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
         losses = [float(x["loss"]) for x in trainer.state.log_history if "loss" in x]
     timed, timed_tokens = times[1:], tokens[1:]
-    # the LM head only where a token is trained (weight > 0): the logits the loss needs
-    flops = sum(sequence_flops(model.config, len(r), training=True, head=sum(1 for w in r.weight if w > 0))
+    # the LM head only where a token is trained: the logits the loss needs
+    flops = sum(sequence_flops(model.config, len(r), training=True, head=trained_tokens(r))
                 for b in batches[1:] for r in b)
     # the first step's loss (same weights, same rows) checks that both sides train the same objective
     return {"side": a.side, "gc": a.gc, "first_loss": losses[0] if losses else None, "tokens_per_s": sum(timed_tokens) / sum(timed),

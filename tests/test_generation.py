@@ -12,7 +12,7 @@ import torch
 from gguf_fixtures import tiny_llama
 from trajtune.algorithms.batch import collate, token_logprobs
 from trajtune.generation import (CachedSampler, RowCache, _fill_from_the_end, _inverse_cdf, _prefill_groups,
-                                 _search, supports)
+                                 _search, shared_prompt_prefix, supports)
 from trajtune.rollout import RolloutConfig, _generate
 from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
 
@@ -245,3 +245,13 @@ def test_prefill_in_several_passes_gives_the_turns_of_one_pass(tiny_model):
             assert lps == pytest.approx(w_lps, abs=1e-4)
             for (k, v), (wk, wv) in zip(cache.layers, w_cache.layers):
                 assert torch.allclose(k, wk, atol=1e-4) and torch.allclose(v, wv, atol=1e-4)
+
+
+def test_the_prefix_a_first_turn_encodes_once():
+    tools = list(range(100, 112))  # 12 tokens every prompt starts with
+    assert shared_prompt_prefix([tools + [1, 2], tools + [3], tools + [1, 4]]) == 12
+    # one prompt is the prefix itself: it keeps its last token to predict from
+    assert shared_prompt_prefix([tools, tools + [5, 6]]) == 11
+    # under 8 shared tokens: not worth a pass of its own
+    assert shared_prompt_prefix([tools[:7] + [1], tools[:7] + [2]]) == 0
+    assert shared_prompt_prefix([[1, 2, 3], [4, 5, 6]]) == 0

@@ -89,3 +89,12 @@ def test_rate_columns_with_and_without_limits(tmp_path):
     assert rl.limits_or_none(tmp_path / "absent.json") is None
     assert rl.rate(50e9, 2.0, None, 1)["matmul_fraction"] is None
     assert (rl.pct(0.456), rl.pct(None)) == ("46%", "-")
+
+
+def test_trained_tokens_are_the_loss_masks_policy_tokens_of_weight_above_zero():
+    from trajtune.tokens import SOURCE_POLICY, SOURCE_PROMPT, TokenTrajectory
+
+    row = TokenTrajectory(ids=[1, 2, 3, 4, 5], source=[SOURCE_PROMPT, SOURCE_POLICY, SOURCE_POLICY, SOURCE_PROMPT,
+                                                       SOURCE_POLICY],
+                          turn=[0] * 5, weight=[1.0, 1.0, 0.0, 1.0, 0.5], logprobs=[0.0] * 5)
+    assert rl.trained_tokens(row) == 2  # positions 1 and 4; 2 has weight 0, 0 and 3 are prompt

@@ -102,6 +102,14 @@ def _common_prefix(seqs: list[list[int]]) -> int:
     return n
 
 
+def shared_prompt_prefix(seqs: list[list[int]]) -> int:
+    """How many leading tokens a first turn encodes once for all of ``seqs`` (their system prompt
+    and tools): their common prefix, less a token so that every row keeps one to predict from, or 0
+    when that is under 8 tokens (not worth a pass of its own)."""
+    p = min(_common_prefix(seqs), min(len(x) for x in seqs) - 1)
+    return p if p >= 8 else 0
+
+
 #: The attribute (on the model, or on the PeftModel inside an accelerate/DDP wrapper) holding the
 #: model's own sampler factory: ``(model, tokenizer, temperature, top_p, stop_ids) -> sampler | None``,
 #: the sampler with ``CachedSampler.turn``'s signature (None: the model needs no sampler of its own).
@@ -268,9 +276,8 @@ class CachedSampler:
         fresh = [u for u, (row, _) in enumerate(unique) if row is None]
         if len(fresh) > 1:
             seqs = [unique[u][1] for u in fresh]
-            p = _common_prefix(seqs)
-            p = min(p, min(len(x) for x in seqs) - 1)  # every row keeps a token to predict from
-            if p >= 8:
+            p = shared_prompt_prefix(seqs)
+            if p:
                 ((_, shared),) = self._prefill([(None, seqs[0][:p])])
                 for u in fresh:
                     unique[u] = (shared, unique[u][1][p:])
