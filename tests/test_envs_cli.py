@@ -93,7 +93,7 @@ def test_envs_show_names_the_extra_and_the_reward_terms_an_environment_reports()
     weigh them), and a plug-in on an optional extra says how to install it."""
     from trajtune.envs import make_env
 
-    for name, kwargs in (("fncall", {"single_turn": True}), ("reasoning_gym", {}), ("tau2", {})):
+    for name, kwargs in (("fncall", {"single_turn": True}), ("reasoning_gym", {}), ("tau2", {}), ("home", {})):
         env = make_env(name, **kwargs)
         task = env.tasks("test", 1)[0]
         env.reset(task)
@@ -109,7 +109,9 @@ def test_envs_show_names_the_extra_and_the_reward_terms_an_environment_reports()
     r = runner.invoke(app, ["envs", "show", "tau2"])
     assert "\ntasks: train 30, test 20\n" in r.output and "install: pip install 'trajtune[tau2]'" in r.output
     r = runner.invoke(app, ["envs", "show", "home"])
-    assert "install:" not in r.output and "reward terms" not in r.output and "\ntasks:" not in r.output
+    assert "install:" not in r.output and "\ntasks:" not in r.output
+    r = runner.invoke(app, ["envs", "show", "bandit"])
+    assert r.exit_code == 0 and "reward terms" not in r.output
 
 
 def _terms_of(env, task):

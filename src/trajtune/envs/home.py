@@ -13,6 +13,13 @@ minutes. Three task kinds of rising difficulty:
 Success: the target device holds the goal state, no other device changed, and the agent ended
 the episode with a final answer (no tool call).
 
+Reward terms (``rl.reward``: ``info.observed``, ``info.grounded``), reported on the final step:
+``observed`` is 1 when every target that needed a reading (a copy's source, a toggle's own device)
+was read with ``get_state`` before the agent first switched it, else 0; ``grounded`` is success
+and observed. Why: on a ``copy`` or ``toggle`` task a model that switches the device blind is right
+half the time, and an outcome reward pays that lucky guess as much as the observed answer (GRPO on
+SmolLM2 learned exactly that shortcut); ``grounded`` pays only a success the agent could know it had.
+
 ``chores: N`` (N > 1) makes a long-horizon variant: a task lists N chores on distinct devices, to do
 in order, and succeeds only when every target holds its goal and nothing else changed (about 1.7
 calls a chore, so 8 chores take some 15 steps, 30 with ``fold``'s branch and return around each).
@@ -134,6 +141,7 @@ class HomeEnv(Environment):
     description = "Smart-home tool world: read room states and switch devices (set / copy / toggle tasks)."
     max_turns = 4
     deterministic = True
+    reward_terms = ("observed", "grounded")
 
     def __init__(self, kinds: list[str] | None = None, chores: int = 1, log_lines: int = 0) -> None:
         bad = [k for k in (kinds or []) if k not in KINDS]
@@ -152,6 +160,8 @@ class HomeEnv(Environment):
         self.state: dict[str, dict[str, str]] = {}
         self.finished = False
         self.turns = 0
+        self.read: set[tuple[str, str]] = set()  # (room, device) read with get_state
+        self.blind = False  # a target that needed a reading was switched before it was read
 
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
         """Train tasks use even seeds and test tasks odd ones, so the splits never share a task."""
@@ -172,18 +182,20 @@ class HomeEnv(Environment):
 
     def snapshot(self) -> Any:
         return {"task": self.task, "state": json.loads(json.dumps(self.state)), "finished": self.finished,
-                "turns": self.turns}
+                "turns": self.turns, "read": sorted(self.read), "blind": self.blind}
 
     def restore(self, state: Any) -> None:
         self.task = state["task"]
         self.state = json.loads(json.dumps(state["state"]))
         self.finished, self.turns = state["finished"], state["turns"]
+        self.read, self.blind = {tuple(x) for x in state.get("read", ())}, bool(state.get("blind", False))
 
     def reset(self, task: Task) -> ResetResult:
         self.task = task
         self.state = json.loads(json.dumps(task.data["initial"]))
         self.finished = False
         self.turns = 0
+        self.read, self.blind = set(), False
         return ResetResult(
             messages=[Message(role="system", content=SYSTEM), Message(role="user", content=task.data["prompt"])],
             tools=list(TOOLS),
@@ -210,6 +222,7 @@ class HomeEnv(Environment):
                 return f"error: unknown room {room!r}"
             if device not in DEVICES:
                 return f"error: unknown device {device!r}"
+            self.read.add((room, device))
             return f"{room} {device}: {self.state[room][device]}"
         if call.name == "set_device":
             room, device, st = args.get("room"), args.get("device"), args.get("state")
@@ -221,6 +234,8 @@ class HomeEnv(Environment):
                 return f"error: unknown device {device!r}"
             if st not in STATES:
                 return f"error: state must be 'on' or 'off', got {st!r}"
+            if (need := self._needs_reading().get((room, device))) is not None and need not in self.read:
+                self.blind = True
             self.state[room][device] = st
             return f"ok: {room} {device} is {st}"
         return f"error: unknown tool {call.name!r}"
@@ -231,11 +246,21 @@ class HomeEnv(Environment):
         if not calls:
             self.finished = True
             ok = self.success()
-            return StepResult(observations=[], reward=1.0 if ok else 0.0, done=True, info={"success": ok})
+            terms = {"observed": float(not self.blind), "grounded": float(ok and not self.blind)}
+            return StepResult(observations=[], reward=1.0 if ok else 0.0, done=True,
+                              info={"success": ok, "reward_terms": terms})
         obs = [Message(role="tool", tool_call_id=c.id, name=c.name, content=self._with_log(c, self._call(c)),
                        origin="environment")
                for c in calls]
         return StepResult(observations=obs, reward=0.0, done=False, info={})
+
+    def _needs_reading(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """Per target (room, device) whose goal depends on a state the prompt does not say, the
+        (room, device) to read first: a copy's source, a toggle's own device."""
+        assert self.task is not None
+        d = self.task.data
+        return {(c["room"], c["device"]): (c["source_room"] if c["kind"] == "copy" else c["room"], c["device"])
+                for c in d.get("chores", [d]) if c["kind"] in ("copy", "toggle")}
 
     def _goal_met(self) -> bool:
         assert self.task is not None
