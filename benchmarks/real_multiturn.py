@@ -119,16 +119,19 @@ def sft_config(base: str, out: Path, p: dict[str, Any], seed: int) -> Any:
 # RL arms from the same under-trained checkpoint, the same tasks and the same rollout budget:
 # stage directory, summary key, what the arm changes in ``rl``, and its learning rate as a multiple
 # of rl_lr. grpo_2lr is GiGPO's control: with an outcome reward and γ = 1, GiGPO's turn-0 step
-# group is the whole group, so its first turn trains with twice GRPO's advantage.
+# group is the whole group, so its first turn trains with twice GRPO's advantage. grounded is GRPO
+# whose reward is home's ``grounded`` term (success only when the devices the task depends on were
+# read before being switched), against the blind-set shortcut GRPO learned on seed 1.
 ARMS: dict[str, tuple[str, str, dict[str, Any], float]] = {
     "grpo": ("rl", "weak_rl", {}, 1.0),
     "gigpo": ("rl-gigpo", "weak_rl_gigpo", {"credit": "gigpo", "gigpo": {"step_weight": 1.0}}, 1.0),
     "grpo_2lr": ("rl-grpo-2lr", "weak_rl_grpo_2lr", {}, 2.0),
     "grpo_quarter_lr": ("rl-grpo-lr0.25", "weak_rl_grpo_lr0.25", {}, 0.25),
     "grpo_tenth_lr": ("rl-grpo-lr0.1", "weak_rl_grpo_lr0.1", {}, 0.1),
+    "grounded": ("rl-grounded", "weak_rl_grounded", {"reward": {"terms": {"info.grounded": 1.0}}}, 1.0),
 }
 LABELS = {"grpo": "GRPO", "gigpo": "GiGPO", "grpo_2lr": "GRPO at 2× lr", "grpo_quarter_lr": "GRPO at lr/4",
-          "grpo_tenth_lr": "GRPO at lr/10"}
+          "grpo_tenth_lr": "GRPO at lr/10", "grounded": "GRPO, grounded reward"}
 
 
 def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int, arm: str = "grpo") -> Any:
