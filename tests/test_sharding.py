@@ -236,3 +236,29 @@ def test_sharding_settings_that_cannot_apply_are_refused_naming_the_key(tmp_path
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     _refused([*sft, "train.sharding=fsdp"], "sft", "DeepSpeed config, which trajtune does not apply")
     assert not (tmp_path / "r").exists()
+
+
+def test_adapter_keys_name_the_parameter_behind_every_saved_key_of_each_adapter(tmp_path):
+    """What a sharded resume loads by: each key ``save_pretrained`` writes for an adapter → the trainable
+    parameter it came from (the same values once saved), for the default adapter and a second one."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trajtune import sharding
+
+    torch.manual_seed(0)
+    base = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1))
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"],
+                                            init_lora_weights=False))
+    model.add_adapter("other", LoraConfig(r=2, lora_alpha=4, target_modules=["v_proj"], init_lora_weights=False))
+    for n, p in model.named_parameters():  # both adapters trained, as with an adapter per role
+        p.requires_grad_("lora_" in n)
+    model.save_pretrained(tmp_path)
+    params = dict(model.named_parameters())
+    for name, sub in (("default", tmp_path), ("other", tmp_path / "other")):
+        saved = load_file(str(sub / "adapter_model.safetensors"))
+        keys = sharding.adapter_keys(model, name)
+        assert set(keys) == set(saved) and len(set(keys.values())) == len(saved) == (8 if name == "default" else 4)
+        for k, p in keys.items():
+            assert f".{name}." in p and torch.equal(params[p].detach(), saved[k])

@@ -143,10 +143,13 @@ def load_model_state(model: Any, state: dict[str, torch.Tensor]) -> None:
 def adapter_keys(model: Any, adapter: str = "default") -> dict[str, str]:
     """For a PEFT model: the key each trainable parameter of ``adapter`` has in a saved adapter file
     → the parameter's name. Read off PEFT's own saving (``get_peft_model_state_dict`` on the
-    parameters themselves, matched by identity), so it inverts exactly what ``save_pretrained`` wrote."""
+    parameters' stand-ins, matched by identity), so it inverts exactly what ``save_pretrained`` wrote.
+    The stand-ins are shape-only meta tensors: PEFT (0.22) gathers sharded parameters into new full
+    tensors before renaming, which would lose their identity and cost a gather per parameter."""
     from peft import get_peft_model_state_dict
 
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    params = {n: torch.empty(p.shape, dtype=p.dtype, device="meta")
+              for n, p in model.named_parameters() if p.requires_grad}
     by_id = {id(p): n for n, p in params.items()}
     saved = get_peft_model_state_dict(model, state_dict=dict(params), adapter_name=adapter)
     out = {k: by_id[id(v)] for k, v in saved.items() if id(v) in by_id}
