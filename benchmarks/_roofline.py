@@ -162,6 +162,18 @@ def rate(flops: float, seconds: float, limits: Mapping[Any, Any] | None, threads
     return {"gflops": gflops, "matmul_fraction": fraction(gflops * 1e9, limits, threads, m=m) if ok else None}
 
 
+def add_roofline_arg(ap: Any) -> None:
+    """The ``--roofline`` option every speed benchmark takes (read with ``limits_or_none``)."""
+    ap.add_argument("--roofline", default=None,
+                    help="the limits to divide by (default benchmarks/results/roofline.json): measure them the same "
+                         "day, on the same machine, with benchmarks/roofline.py --out")
+
+
+def recorded_peaks(limits: Mapping[str, Any] | None) -> Any:
+    """What a benchmark's JSON keeps of the limits it divided by: their peaks, or None without limits."""
+    return limits["raw"].get("peaks") if limits else None
+
+
 def limits_or_none(path: str | Path | None = None) -> dict[str, Any] | None:
     """``load_limits`` of ``path`` (default ``roofline.json``), or None with a note when the file is
     missing: a speed benchmark still prints its times, without the fraction columns."""

@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from _roofline import decode_bandwidth_fraction, fraction, load_limits, model_flops_per_token
+from _roofline import (add_roofline_arg, decode_bandwidth_fraction, fraction, load_limits,
+                       model_flops_per_token)
 
 
 def fncall_prompts(tok: object, n: int) -> list[list[int]]:
@@ -53,9 +54,7 @@ def fncall_prompts(tok: object, n: int) -> list[list[int]]:
 
 def add_common_args(ap: argparse.ArgumentParser, threads: int) -> None:
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--roofline", default=None,
-                    help="the limits to divide by (default benchmarks/results/roofline.json): measure them the same "
-                         "day, on the same machine, with benchmarks/roofline.py --out")
+    add_roofline_arg(ap)
     ap.add_argument("--threads", type=int, default=threads)
 
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from _roofline import continuation_flops, limits_or_none, pct, rate, sequence_flops
+from _roofline import (add_roofline_arg, continuation_flops, limits_or_none, pct,
+                       rate, recorded_peaks, sequence_flops)
 
 
 def tiny_model(preset: str, vocab: int, max_len: int):
@@ -99,7 +100,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--objective", choices=["pg", "dpo"], default="pg",
                     help="pg: a GRPO group's policy-gradient loss; dpo: (chosen, rejected) pairs with reference log-probs")
-    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
+    add_roofline_arg(ap)
     ap.add_argument("--out", default=None,
                     help="JSON path (default benchmarks/results/prefix_share[_dpo][_MODEL].json)")
     a = ap.parse_args()
@@ -154,7 +155,7 @@ def main() -> None:
         "benchmark": "prefix_share", "objective": a.objective, "model": name, "parameters": params, "rows": a.rows, "prompt_tokens": a.prompt,
         "completion_tokens": a.completion, "threads": a.threads, "repeats": a.repeats,
         "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
-        "roofline": limits["raw"].get("peaks") if limits else None, "results": rows, "speedup_min": speedup_min,
+        "roofline": recorded_peaks(limits), "results": rows, "speedup_min": speedup_min,
         "speedup_median": speedup_med,
     }, indent=2) + "\n")
     print(f"wrote {out}")

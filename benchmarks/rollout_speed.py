@@ -21,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _roofline import limits_or_none, pct, rate, sequence_flops
+from _roofline import add_roofline_arg, limits_or_none, pct, rate, recorded_peaks, sequence_flops
 
 
 def main() -> None:
@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
+    add_roofline_arg(ap)
     ap.add_argument("--out", default="benchmarks/results/rollout_speed.json")
     a = ap.parse_args()
     limits = limits_or_none(a.roofline)
@@ -44,7 +44,6 @@ def main() -> None:
     from trajtune.envs import make_env
     from trajtune.models.loading import load_model, load_tokenizer
     from trajtune.rollout import RolloutConfig, run_rollouts
-    from trajtune.tokens import SOURCE_POLICY
 
     tok = load_tokenizer(a.model)
     model = load_model(a.model, trainable=False)
@@ -63,8 +62,7 @@ def main() -> None:
             t = time.perf_counter()
             eps = run_rollouts(model, tok, lambda: make_env(a.env), tasks, ro, seed=rep, renderer=renderer)
             times[name].append(time.perf_counter() - t)
-            flops[name].append(sum(sequence_flops(model.config, len(e.tokens), training=False,
-                                                  head=sum(1 for x in e.tokens.source if x == SOURCE_POLICY))
+            flops[name].append(sum(sequence_flops(model.config, len(e.tokens), training=False, head=e.tokens.n_policy())
                                    for e in eps))
             info[name] = {"turns": statistics.mean(e.turns for e in eps),
                           "tokens": statistics.mean(len(e.tokens) for e in eps),
@@ -86,7 +84,7 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"model": a.model, "episodes": a.episodes, "threads": a.threads,
                                        "torch": torch.__version__,
-                                       "roofline": limits["raw"].get("peaks") if limits else None, "rows": rows,
+                                       "roofline": recorded_peaks(limits), "rows": rows,
                                        "times": times}, indent=1))
     print(f"wrote {a.out}")
 

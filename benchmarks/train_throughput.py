@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from _roofline import limits_or_none, pct, rate, sequence_flops, trained_tokens
+from _roofline import (add_roofline_arg, limits_or_none, pct, rate,
+                       recorded_peaks, sequence_flops, trained_tokens)
 
 
 def _data(n: int):
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--records", type=int, default=512)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
+    add_roofline_arg(ap)
     ap.add_argument("--out", default="bench_train.json")
     a = ap.parse_args()
     if a.threads:
@@ -110,7 +111,7 @@ def main() -> None:
               f"{pct(r['matmul_fraction']):>7s} {r['peak_rss_mib']:13.1f}")
     print(f"({threads} thread(s); peak RSS is the process maximum so far, so the second row includes the first)")
     Path(a.out).write_text(json.dumps({"steps": a.steps, "batch_size": a.batch_size, "threads": threads,
-                                       "roofline": limits["raw"].get("peaks") if limits else None, "rows": rows},
+                                       "roofline": recorded_peaks(limits), "rows": rows},
                                       indent=1))
 
 

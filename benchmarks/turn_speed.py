@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from _roofline import continuation_flops, limits_or_none, pct, rate, sequence_flops
+from _roofline import (add_roofline_arg, continuation_flops, limits_or_none, pct,
+                       rate, recorded_peaks, sequence_flops)
 
 
 def one_turn(model_path: str, threads: int, share_prompt: bool = True) -> dict:
@@ -69,7 +70,7 @@ def main() -> None:
                     help="compare this checkout with and without the shared prompt cache")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-share", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
+    add_roofline_arg(ap)
     ap.add_argument("--out", default="benchmarks/results/turn_speed.json")
     a = ap.parse_args()
     if a.worker:
@@ -100,7 +101,7 @@ def main() -> None:
         print(f"| {name} | {min(secs):.2f} | {med:.2f} | {rs[0]['tokens']} | {rs[0]['tokens'] / med:.1f} | "
               f"{table[name]['gflops']:.1f} | {pct(table[name]['matmul_fraction'])} |")
     Path(a.out).write_text(json.dumps({"model": a.model, "threads": a.threads,
-                                       "roofline": limits["raw"].get("peaks") if limits else None, "arms": table},
+                                       "roofline": recorded_peaks(limits), "arms": table},
                                       indent=1) + "\n")
     print(f"wrote {a.out}")
 

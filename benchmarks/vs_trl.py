@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _roofline import limits_or_none, pct, rate, sequence_flops, trained_tokens
+from _roofline import (add_roofline_arg, limits_or_none, pct, rate,
+                       recorded_peaks, sequence_flops, trained_tokens)
 
 
 def _rows(model: str, n: int, max_length: int) -> tuple[Any, list[Any]]:
@@ -260,7 +261,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default="benchmarks/results/vs_trl.json")
-    ap.add_argument("--roofline", default=None, help="limits to divide by (default benchmarks/results/roofline.json)")
+    add_roofline_arg(ap)
     ap.add_argument("--task", choices=["sft", "grpo"], default="sft",
                     help="sft: tokens/s and memory; grpo: step time on single-turn function calling (fncall), "
                          f"{GRPO_TASKS} prompts × {GRPO_GROUP} samples of ≤ {GRPO_NEW} tokens per step")
@@ -320,7 +321,7 @@ def main() -> None:
               f"{row['gflops']:8.1f} {pct(row['matmul_fraction']):>7s}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"model": a.model, "batch": a.batch, "steps": a.steps, "threads": a.threads,
-                                       "baseline": base, "roofline": limits["raw"].get("peaks") if limits else None,
+                                       "baseline": base, "roofline": recorded_peaks(limits),
                                        "rows": rows, "runs": runs}, indent=1))
     print(f"wrote {a.out}")
 

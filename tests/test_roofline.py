@@ -89,6 +89,14 @@ def test_rate_columns_with_and_without_limits(tmp_path):
     assert rl.limits_or_none(tmp_path / "absent.json") is None
     assert rl.rate(50e9, 2.0, None, 1)["matmul_fraction"] is None
     assert (rl.pct(0.456), rl.pct(None)) == ("46%", "-")
+    kept = rl.recorded_peaks(limits)  # the file's peaks, per thread count
+    assert set(kept) == {"1"} and (kept["1"]["gflops"], kept["1"]["read_gb_s"]) == (50.0, 10.0)
+    assert rl.recorded_peaks(None) is None
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    rl.add_roofline_arg(ap)
+    assert ap.parse_args([]).roofline is None and ap.parse_args(["--roofline", str(f)]).roofline == str(f)
 
 
 def test_trained_tokens_are_the_loss_masks_policy_tokens_of_weight_above_zero():
