@@ -28,6 +28,12 @@ wrong state, a call where the expert answered, no final answer).
     python benchmarks/real_multiturn.py --out runs/real-home-s0 --seed 0
     python benchmarks/real_multiturn.py --out runs/real-home-s0 --seed 0 --arms gigpo   # GiGPO arm
     python benchmarks/real_multiturn.py --table runs/real-home-s0 runs/real-home-s1
+    python benchmarks/real_multiturn.py --out runs/real-home-why-s0 --seed 0 --arms grpo grounded \
+      --set env_kwargs='{"rationale": true}' --set max_new_tokens=96   # the expert states its reading
+
+When the turn with a wrong state also wrote text (as ``home``'s ``rationale`` expert does), the
+failure says where the sentence went wrong: it misreads the state, reads right but concludes wrong,
+or the call contradicts a right sentence.
 
 The same stages run on another environment with ``--set env=NAME --set env_kwargs=JSON`` (e.g.
 ``reasoning_gym``, single-turn: ``--set max_turns=1``); its failures are then counted from the
@@ -283,6 +289,22 @@ def _turn_issue(agent: dict[str, Any] | None, expert: dict[str, Any]) -> str | N
     return None
 
 
+def _sentence_issue(text: str, d: dict[str, Any]) -> str:
+    """Where a wrong state went wrong when the turn also said something (``home``'s ``rationale``
+    expert says "The attic fan is on, so the office fan must be on."): the restated reading, the
+    conclusion, or the call that contradicts a right conclusion."""
+    look = d["source_room"] if d["kind"] == "copy" else d["room"]
+    read = re.search(r"\bis (on|off)\b", text)
+    said = re.search(r"must be (on|off)\b", text)
+    if read is None or said is None:
+        return " (sentence without a reading and a conclusion)"
+    if read.group(1) != d["initial"][look][d["device"]]:
+        return " (sentence misreads the state)"
+    if said.group(1) != d["goal"]:
+        return " (sentence reads right, concludes wrong)"
+    return " (call contradicts a right sentence)"
+
+
 def _failed_episodes(eval_dir: Path) -> list[dict[str, Any]]:
     """The evaluated episodes (JSON records) that did not succeed."""
     eps = [json.loads(line) for line in (eval_dir / "episodes.jsonl").read_text().splitlines()]
@@ -311,6 +333,8 @@ def failures(eval_dir: Path, env: str = "home") -> dict[str, int]:
         kinds[task.data["kind"]] += 1
         for i, want in enumerate(expert):
             issue = _turn_issue(agent[i] if i < len(agent) else None, want)
+            if issue == "wrong state" and agent[i].get("content"):
+                issue += _sentence_issue(agent[i]["content"], task.data)
             if issue:
                 counts[f"turn {i + 1}: {issue}"] += 1
                 break
@@ -401,6 +425,8 @@ def table(runs: list[Path]) -> None:
         print(f"seed {s.get('seed')}: seconds {s['seconds']}  peak RSS MB {s['peak_rss_mb_by_stage']}  "
               f"probe {s['probe_train_success']}")
     name = "real_multiturn" if env == "home" else f"real_{env}"  # another environment: its own file
+    if env == "home" and kwargs:  # home with other settings: its own file, e.g. real_multiturn_rationale.json
+        name += "_" + "_".join(k if v is True else f"{k}-{v}" for k, v in sorted(kwargs.items()))
     dest = Path(__file__).parent / "results" / f"{name}.json"
     dest.write_text(json.dumps({str(r): s for r, s in zip(runs, sums)}, indent=1) + "\n")
     print(f"wrote {dest}")

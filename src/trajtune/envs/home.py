@@ -26,6 +26,14 @@ calls a chore, so 8 chores take some 15 steps, 30 with ``fold``'s branch and ret
 The expert marks each chore's messages (``extra["subtask"]``), so the ``fold`` wrapper's expert
 can fold them. ``log_lines: K`` follows every tool result with K lines of the room's sensor log, as
 real tools return more than the one line that matters: it is what fills a long episode's context.
+
+``rationale: true`` makes the expert say, before each call that depends on a reading, what it read
+and what follows ("The attic fan is on, so the office fan must be on." / "The garage radio is on;
+toggled, it must be off."). Why: the state to write is the observed state XOR the task kind, a
+two-input rule that SmolLM2-135M did not learn from calls alone in 40 LoRA steps (after SFT it
+flipped copies as if they were toggles; after GRPO with the grounded reward it wrote "on" whatever
+it read: ``benchmarks/home_state_probe.py``); a sentence that first restates the reading leaves one
+local step per token. Scoring ignores the text: only the calls and the final answer count.
 """
 
 from __future__ import annotations
@@ -94,6 +102,14 @@ def _chore(rng: random.Random, kind: str, room: str, device: str, state: dict[st
     return c
 
 
+def _rationale(c: dict[str, Any], seen: str, goal: str) -> str:
+    """The expert's sentence before a call that depends on a reading: the reading first, then the
+    rule of the task kind, then the state the call writes."""
+    if c["kind"] == "copy":
+        return f"The {c['source_room']} {c['device']} is {seen}, so the {c['room']} {c['device']} must be {goal}."
+    return f"The {c['room']} {c['device']} is {seen}; toggled, it must be {goal}."
+
+
 def make_chores_task(seed: int, split: str, chores: int, kinds: list[str] | None = None) -> Task:
     """A task of ``chores`` chores on distinct devices, listed in order (the long-horizon variant)."""
     rng = random.Random(f"chores-{chores}-{seed}")
@@ -143,7 +159,8 @@ class HomeEnv(Environment):
     deterministic = True
     reward_terms = ("observed", "grounded")
 
-    def __init__(self, kinds: list[str] | None = None, chores: int = 1, log_lines: int = 0) -> None:
+    def __init__(self, kinds: list[str] | None = None, chores: int = 1, log_lines: int = 0,
+                 rationale: bool = False) -> None:
         bad = [k for k in (kinds or []) if k not in KINDS]
         if bad:
             raise ValueError(f"unknown home task kind(s) {bad}; choose from {KINDS}")
@@ -151,7 +168,10 @@ class HomeEnv(Environment):
             raise ValueError(f"home: chores must be an integer from 1 to 16, got {chores!r}")
         if not isinstance(log_lines, int) or not 0 <= log_lines <= 64:
             raise ValueError(f"home: log_lines must be an integer from 0 to 64, got {log_lines!r}")
+        if not isinstance(rationale, bool):
+            raise ValueError(f"home: rationale must be true or false, got {rationale!r}")
         self.kinds = list(kinds) if kinds else list(KINDS)
+        self.rationale = rationale
         self.chores = chores
         self.log_lines = log_lines
         if chores > 1:
@@ -302,8 +322,9 @@ class HomeEnv(Environment):
                 look = c["source_room"] if c["kind"] == "copy" else c["room"]
                 act(call("get_state", room=look, device=c["device"]))
                 seen = msgs[-1].text().splitlines()[0].rsplit(": ", 1)[1]
-                act(call("set_device", room=c["room"], device=c["device"],
-                         state=seen if c["kind"] == "copy" else _other(seen)))
+                goal = seen if c["kind"] == "copy" else _other(seen)
+                act(call("set_device", room=c["room"], device=c["device"], state=goal),
+                    _rationale(c, seen, goal) if self.rationale else None)
             if "chores" in d:  # the fold wrapper's expert folds each chore (envs/adapters/fold.py)
                 for m in msgs[start:]:
                     m.extra["subtask"] = c["prompt"]
