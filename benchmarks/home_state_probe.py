@@ -38,25 +38,26 @@ def variant(task: Any, reading: str) -> Any:
     target starts opposite its new goal, so the call is still a change."""
     import copy
 
-    from trajtune.envs.home import _other
+    from trajtune.envs.home import _other, read_room
 
     t = copy.deepcopy(task)
     d = t.data
-    look = d["source_room"] if d["kind"] == "copy" else d["room"]
-    d["initial"][look][d["device"]] = reading
+    d["initial"][read_room(d)][d["device"]] = reading
     d["goal"] = reading if d["kind"] == "copy" else _other(reading)
     if d["kind"] == "copy":
         d["initial"][d["room"]][d["device"]] = _other(d["goal"])
     return t
 
 
-def _offsets(tok: Any, ids: list[int]) -> list[int]:
-    """Character offset where each token's text starts (byte-level BPE on ASCII text)."""
-    out, pos = [], 0
-    for i in ids:
-        out.append(pos)
-        pos += len(tok.decode([i]))
-    return out
+def _decoded(tok: Any, ids: list[int]) -> tuple[str, list[int]]:
+    """The text of ``ids`` and the character offset where each token's text starts (byte-level BPE
+    on ASCII text, so tokens decode one by one)."""
+    pieces = [tok.decode([i]) for i in ids]
+    offsets, pos = [], 0
+    for piece in pieces:
+        offsets.append(pos)
+        pos += len(piece)
+    return "".join(pieces), offsets
 
 
 def _token_at(offsets: list[int], char: int) -> int:
@@ -66,11 +67,13 @@ def _token_at(offsets: list[int], char: int) -> int:
 
 def probe_points(text: str, task: Any, rationale: bool) -> dict[str, int]:
     """Character index of the state word at each probed place of the rendered expert episode."""
+    from trajtune.envs.home import read_room
+
     d = task.data
     points = {"call": text.rindex('"state": "') + len('"state": "')}
     if rationale:
-        look = d["source_room"] if d["kind"] == "copy" else d["room"]
-        points["read"] = text.rindex(f"The {look} {d['device']} is ") + len(f"The {look} {d['device']} is ")
+        said = f"The {read_room(d)} {d['device']} is "
+        points["read"] = text.rindex(said) + len(said)
         points["decide"] = text.rindex("must be ") + len("must be ")
     return points
 
@@ -95,8 +98,7 @@ def probe(model_dir: str, tasks: list[Any], rationale: bool) -> dict[str, dict[s
             traj = env.expert(t)
             assert traj.outcome is not None and traj.outcome.success, t.id
             ids = renderer.render(traj).ids
-            text = "".join(tok.decode([i]) for i in ids)
-            offsets = _offsets(tok, ids)
+            text, offsets = _decoded(tok, ids)
             with torch.no_grad():
                 logits = model(torch.tensor([ids])).logits[0]
             for place, char in probe_points(text, t, rationale).items():
@@ -127,11 +129,8 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=20, help="test tasks per kind (default 20)")
     ap.add_argument("--json", type=Path, help="where to write the figures")
     a = ap.parse_args()
-    import torch
-
     from trajtune.envs.home import HomeEnv
 
-    torch.manual_seed(0)
     pool = HomeEnv().tasks("test", 40 * a.tasks, seed=12345)
     tasks = [t for kind in ("copy", "toggle") for t in [t for t in pool if t.data["kind"] == kind][: a.tasks]]
     results = {m: probe(m, tasks, a.rationale) for m in a.models}

@@ -293,12 +293,13 @@ def _sentence_issue(text: str, d: dict[str, Any]) -> str:
     """Where a wrong state went wrong when the turn also said something (``home``'s ``rationale``
     expert says "The attic fan is on, so the office fan must be on."): the restated reading, the
     conclusion, or the call that contradicts a right conclusion."""
-    look = d["source_room"] if d["kind"] == "copy" else d["room"]
+    from trajtune.envs.home import read_room
+
     read = re.search(r"\bis (on|off)\b", text)
     said = re.search(r"must be (on|off)\b", text)
     if read is None or said is None:
         return " (sentence without a reading and a conclusion)"
-    if read.group(1) != d["initial"][look][d["device"]]:
+    if read.group(1) != d["initial"][read_room(d)][d["device"]]:
         return " (sentence misreads the state)"
     if said.group(1) != d["goal"]:
         return " (sentence reads right, concludes wrong)"

@@ -102,6 +102,12 @@ def _chore(rng: random.Random, kind: str, room: str, device: str, state: dict[st
     return c
 
 
+def read_room(c: dict[str, Any]) -> str:
+    """The room whose device a ``copy`` or ``toggle`` chore reads before switching its target: a
+    copy's source, a toggle's own room."""
+    return c["source_room"] if c["kind"] == "copy" else c["room"]
+
+
 def _rationale(c: dict[str, Any], seen: str, goal: str) -> str:
     """The expert's sentence before a call that depends on a reading: the reading first, then the
     rule of the task kind, then the state the call writes."""
@@ -279,7 +285,7 @@ class HomeEnv(Environment):
         (room, device) to read first: a copy's source, a toggle's own device."""
         assert self.task is not None
         d = self.task.data
-        return {(c["room"], c["device"]): (c["source_room"] if c["kind"] == "copy" else c["room"], c["device"])
+        return {(c["room"], c["device"]): (read_room(c), c["device"])
                 for c in d.get("chores", [d]) if c["kind"] in ("copy", "toggle")}
 
     def _goal_met(self) -> bool:
@@ -319,8 +325,7 @@ class HomeEnv(Environment):
             if c["kind"] == "set":
                 act(call("set_device", room=c["room"], device=c["device"], state=c["goal"]))
             else:
-                look = c["source_room"] if c["kind"] == "copy" else c["room"]
-                act(call("get_state", room=look, device=c["device"]))
+                act(call("get_state", room=read_room(c), device=c["device"]))
                 seen = msgs[-1].text().splitlines()[0].rsplit(": ", 1)[1]
                 goal = seen if c["kind"] == "copy" else _other(seen)
                 act(call("set_device", room=c["room"], device=c["device"], state=goal),
