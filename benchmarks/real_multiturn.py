@@ -127,7 +127,13 @@ def sft_config(base: str, out: Path, p: dict[str, Any], seed: int) -> Any:
 # of rl_lr. grpo_2lr is GiGPO's control: with an outcome reward and γ = 1, GiGPO's turn-0 step
 # group is the whole group, so its first turn trains with twice GRPO's advantage. grounded is GRPO
 # whose reward is home's ``grounded`` term (success only when the devices the task depends on were
-# read before being switched), against the blind-set shortcut GRPO learned on seed 1.
+# read before being switched), against the blind-set shortcut GRPO learned on seed 1. explained
+# (home with rationale: true only) pays a grounded success whose dependent calls came with the
+# right sentence, against RL dropping the sentence. explained_batch is the same reward with the
+# batch as baseline (REINFORCE++, no group dropped): a copy/toggle group in which every episode
+# failed has zero advantage under GRPO, so only the set tasks' groups trained the shared first call
+# (toward set_device, which is blind on the other kinds); against the batch's mean, such a group's
+# episodes are pushed down.
 ARMS: dict[str, tuple[str, str, dict[str, Any], float]] = {
     "grpo": ("rl", "weak_rl", {}, 1.0),
     "gigpo": ("rl-gigpo", "weak_rl_gigpo", {"credit": "gigpo", "gigpo": {"step_weight": 1.0}}, 1.0),
@@ -135,9 +141,14 @@ ARMS: dict[str, tuple[str, str, dict[str, Any], float]] = {
     "grpo_quarter_lr": ("rl-grpo-lr0.25", "weak_rl_grpo_lr0.25", {}, 0.25),
     "grpo_tenth_lr": ("rl-grpo-lr0.1", "weak_rl_grpo_lr0.1", {}, 0.1),
     "grounded": ("rl-grounded", "weak_rl_grounded", {"reward": {"terms": {"info.grounded": 1.0}}}, 1.0),
+    "explained": ("rl-explained", "weak_rl_explained", {"reward": {"terms": {"info.explained": 1.0}}}, 1.0),
+    "explained_batch": ("rl-explained-batch", "weak_rl_explained_batch",
+                        {"reward": {"terms": {"info.explained": 1.0}}, "estimator": "reinforce_pp",
+                         "drop_equal_groups": False}, 1.0),
 }
 LABELS = {"grpo": "GRPO", "gigpo": "GiGPO", "grpo_2lr": "GRPO at 2× lr", "grpo_quarter_lr": "GRPO at lr/4",
-          "grpo_tenth_lr": "GRPO at lr/10", "grounded": "GRPO, grounded reward"}
+          "grpo_tenth_lr": "GRPO at lr/10", "grounded": "GRPO, grounded reward",
+          "explained": "GRPO, explained reward", "explained_batch": "REINFORCE++, explained reward"}
 
 
 def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int, arm: str = "grpo") -> Any:
@@ -293,17 +304,10 @@ def _sentence_issue(text: str, d: dict[str, Any]) -> str:
     """Where a wrong state went wrong when the turn also said something (``home``'s ``rationale``
     expert says "The attic fan is on, so the office fan must be on."): the restated reading, the
     conclusion, or the call that contradicts a right conclusion."""
-    from trajtune.envs.home import read_room
+    from trajtune.envs.home import rationale_issue, read_room
 
-    read = re.search(r"\bis (on|off)\b", text)
-    said = re.search(r"must be (on|off)\b", text)
-    if read is None or said is None:
-        return " (sentence without a reading and a conclusion)"
-    if read.group(1) != d["initial"][read_room(d)][d["device"]]:
-        return " (sentence misreads the state)"
-    if said.group(1) != d["goal"]:
-        return " (sentence reads right, concludes wrong)"
-    return " (call contradicts a right sentence)"
+    issue = rationale_issue(text, d["initial"][read_room(d)][d["device"]], d["goal"])
+    return f" ({issue or 'call contradicts a right sentence'})"
 
 
 def _failed_episodes(eval_dir: Path) -> list[dict[str, Any]]:
@@ -389,7 +393,7 @@ def outcome_failures(eval_dir: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def table(runs: list[Path]) -> None:
+def table(runs: list[Path], dest: Path | None = None) -> None:
     sums = [json.loads((r / "summary.json").read_text()) for r in runs]
     seeds = " / ".join(str(s["seed"]) for s in sums)
 
@@ -428,7 +432,7 @@ def table(runs: list[Path]) -> None:
     name = "real_multiturn" if env == "home" else f"real_{env}"  # another environment: its own file
     if env == "home" and kwargs:  # home with other settings: its own file, e.g. real_multiturn_rationale.json
         name += "_" + "_".join(k if v is True else f"{k}-{v}" for k, v in sorted(kwargs.items()))
-    dest = Path(__file__).parent / "results" / f"{name}.json"
+    dest = dest or Path(__file__).parent / "results" / f"{name}.json"
     dest.write_text(json.dumps({str(r): s for r, s in zip(runs, sums)}, indent=1) + "\n")
     print(f"wrote {dest}")
 
@@ -440,11 +444,15 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help=f"override a setting (JSON value), e.g. --set sft_steps=60; settings: {sorted(DEFAULTS)}")
     ap.add_argument("--table", type=Path, nargs="+", help="print finished runs side by side")
+    ap.add_argument("--json", type=Path, help="with --table: write the runs' summaries here instead of "
+                    "results/real_multiturn[_ENV_KWARGS].json (runs that differ in other settings)")
     ap.add_argument("--arms", nargs="*", choices=sorted(ARMS), default=["grpo"],
                     help="RL arms from the under-trained checkpoint (default: grpo); none: stop before RL")
     a = ap.parse_args()
     if a.table:
-        return table(a.table)
+        return table(a.table, a.json)
+    if a.json:
+        ap.error("--json goes with --table")
     if a.out is None:
         ap.error("--out (or --table) is required")
     p = dict(DEFAULTS)

@@ -128,3 +128,110 @@ def test_the_probe_plays_each_task_under_both_readings_and_finds_the_state_words
         assert text[at["read"]:].startswith(reading)
         assert text[at["decide"]:].startswith(d["goal"]) and text[at["call"]:].startswith(d["goal"])
     assert task.data["initial"] == _tasks(HomeEnv(), kind, 1)[0].data["initial"]  # the task itself is untouched
+
+
+def test_the_table_of_runs_that_differ_in_other_settings_goes_where_json_says(tmp_path, capsys) -> None:
+    """Runs with another RL temperature must not overwrite the rationale runs' results file."""
+    import json
+
+    from benchmark_module import load
+
+    mod = load("real_multiturn")
+    runs = []
+    for seed, (sft, weak, rl) in enumerate([(0.94, 0.81, 0.9), (0.86, 0.56, 0.7)]):
+        r = tmp_path / f"s{seed}"
+        r.mkdir()
+        (r / "summary.json").write_text(json.dumps({
+            "settings": {**mod.DEFAULTS, "env_kwargs": {"rationale": True}, "rl_temperature": 0.7},
+            "seed": seed, "base": 0.0, "sft": sft, "weak_step": 30 - seed, "weak": weak, "weak_rl_grounded": rl,
+            "failures": {"sft": {"wrong state": seed}}, "seconds": {}, "peak_rss_mb_by_stage": {},
+            "probe_train_success": {}}))
+        runs.append(r)
+    default = mod.Path(mod.__file__).parent / "results" / "real_multiturn_rationale.json"
+    before = default.read_bytes() if default.exists() else None
+    dest = tmp_path / "t07.json"
+    mod.table(runs, dest)
+    out = capsys.readouterr().out
+    assert "| under-trained + GRPO, grounded reward (16 steps) | 90% / 70% |" in out
+    assert "| wrong state | 0 / 1 |" in out
+    assert {json.loads(dest.read_text())[str(r)]["seed"] for r in runs} == {0, 1}
+    assert (default.read_bytes() if default.exists() else None) == before
+
+
+def _replay(env: HomeEnv, t, texts: dict[int, str | None] | None = None) -> dict[str, float]:
+    """Play the rationale expert's turns on ``t``, with assistant turn i's text replaced by texts[i];
+    the final step's reward terms."""
+    turns = _assistant(HomeEnv(rationale=True, chores=env.chores).expert(t))
+    env.reset(t)
+    for i, m in enumerate(turns):
+        res = env.step(m.model_copy(update={"content": (texts or {}).get(i, m.content)}))
+    assert res.done
+    return res.info["reward_terms"]
+
+
+@pytest.mark.parametrize("kind", ["copy", "toggle"])
+def test_explained_pays_a_success_only_when_the_dependent_call_came_with_the_right_sentence(kind: str) -> None:
+    env = HomeEnv(rationale=True)
+    t = _tasks(env, kind, 1)[0]
+    d = t.data
+    seen = d["initial"][d["source_room"] if kind == "copy" else d["room"]][d["device"]]
+    other = "off" if seen == "on" else "on"
+    assert _replay(env, t) == {"observed": 1.0, "grounded": 1.0, "explained": 1.0}
+    # the call is right each time, so success and grounded stay 1; only the sentence changes
+    for text in (None, "Setting it now.", f"The lamp is {other}, so it must be {d['goal']}.",
+                 f"The lamp is {seen}, so it must be {'off' if d['goal'] == 'on' else 'on'}.",
+                 f"It must be {d['goal']}: it is {seen}."):
+        assert _replay(env, t, {1: text}) == {"observed": 1.0, "grounded": 1.0, "explained": 0.0}, text
+    # the right sentence on a failed episode pays nothing
+    read, write, _ = _assistant(HomeEnv(rationale=True).expert(t))
+    env.reset(t)
+    env.step(read)
+    wrong = write.tool_calls[0].model_copy(update={"arguments": {**write.tool_calls[0].arguments,
+                                                                 "state": other if kind == "copy" else seen}})
+    env.step(write.model_copy(update={"tool_calls": [wrong]}))
+    assert env.step(Message(role="assistant", content="Done.")).info["reward_terms"]["explained"] == 0.0
+
+
+def test_explained_checks_every_chore_and_is_reported_only_with_the_option() -> None:
+    env = HomeEnv(rationale=True, chores=4)
+    t = env.tasks("train", 1, seed=2)[0]
+    turns = _assistant(env.expert(t))
+    said = [i for i, m in enumerate(turns) if m.tool_calls and m.content]
+    assert len(said) >= 2
+    assert _replay(env, t)["explained"] == 1.0
+    assert _replay(env, t, {said[-1]: None}) == {"observed": 1.0, "grounded": 1.0, "explained": 0.0}
+    assert "explained" in env.reward_terms and "explained" not in HomeEnv().reward_terms
+    plain = HomeEnv()
+    u = _tasks(plain, "copy", 1)[0]
+    plain.reset(u)
+    for m in _assistant(plain.expert(u)):
+        res = plain.step(m)
+    assert set(res.info["reward_terms"]) == {"observed", "grounded"}
+
+
+def test_explained_survives_snapshot_and_restore() -> None:
+    env = HomeEnv(rationale=True)
+    t = _tasks(env, "toggle", 1)[0]
+    read, write, done = _assistant(env.expert(t))
+    env.reset(t)
+    env.step(read)
+    env.step(write.model_copy(update={"content": None}))
+    snap = env.snapshot()
+    env.reset(t)
+    env.restore(snap)
+    assert env.step(done).info["reward_terms"]["explained"] == 0.0
+
+
+def test_every_real_multiturn_arm_is_a_valid_rl_config_and_the_batch_arm_keeps_failed_groups(tmp_path) -> None:
+    """A misspelt key in an arm would only show after an hour of SFT and probing."""
+    from benchmark_module import load
+
+    mod = load("real_multiturn")
+    p = {**mod.DEFAULTS, "env_kwargs": {"rationale": True}}
+    cfgs = {arm: mod.rl_config(tmp_path / "weak", tmp_path, p, 0, arm) for arm in mod.ARMS}
+    assert set(mod.LABELS) == set(mod.ARMS)
+    batch = cfgs["explained_batch"]
+    assert batch.rl.estimator == "reinforce_pp" and not batch.rl.drop_equal_groups
+    assert cfgs["explained"].rl.drop_equal_groups and cfgs["explained"].rl.estimator == "grpo"
+    assert batch.rl.reward.names() == cfgs["explained"].rl.reward.names() == ["info.explained"]
+    assert len({c.output_dir for c in cfgs.values()}) == len(cfgs)  # no two arms share a stage directory

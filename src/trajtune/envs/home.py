@@ -33,13 +33,19 @@ toggled, it must be off."). Why: the state to write is the observed state XOR th
 two-input rule that SmolLM2-135M did not learn from calls alone in 40 LoRA steps (after SFT it
 flipped copies as if they were toggles; after GRPO with the grounded reward it wrote "on" whatever
 it read: ``benchmarks/home_state_probe.py``); a sentence that first restates the reading leaves one
-local step per token. Scoring ignores the text: only the calls and the final answer count.
+local step per token. Scoring ignores the text: only the calls and the final answer count. With
+the option the final step also reports ``explained``: success, observed, and every call that depends
+on a reading was written in a turn whose text states that reading and the state that follows
+(``rationale_issue``). Why: RL with an outcome or grounded reward from an under-trained checkpoint
+dropped the sentence within 16 steps and the wrong states came back; ``explained`` pays only the
+episodes that kept it.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 from trajtune.envs.base import Environment, ResetResult, StepResult, Task
@@ -106,6 +112,22 @@ def read_room(c: dict[str, Any]) -> str:
     """The room whose device a ``copy`` or ``toggle`` chore reads before switching its target: a
     copy's source, a toggle's own room."""
     return c["source_room"] if c["kind"] == "copy" else c["room"]
+
+
+def rationale_issue(text: str | None, seen: str, goal: str) -> str | None:
+    """What is wrong with the sentence before a call that depends on a reading (None: it states the
+    reading ``seen`` and then the state ``goal`` that follows, as ``_rationale`` writes it). Only the
+    first "is on/off" and the first "must be on/off" count, so a sentence that names both states does
+    not pass by luck."""
+    read = re.search(r"\bis (on|off)\b", text or "")
+    said = re.search(r"\bmust be (on|off)\b", text or "")
+    if read is None or said is None or said.start() < read.start():
+        return "sentence without a reading and a conclusion"
+    if read.group(1) != seen:
+        return "sentence misreads the state"
+    if said.group(1) != goal:
+        return "sentence reads right, concludes wrong"
+    return None
 
 
 def _rationale(c: dict[str, Any], seen: str, goal: str) -> str:
@@ -188,6 +210,9 @@ class HomeEnv(Environment):
         self.turns = 0
         self.read: set[tuple[str, str]] = set()  # (room, device) read with get_state
         self.blind = False  # a target that needed a reading was switched before it was read
+        self.unexplained = False  # rationale: a dependent call in a turn without the right sentence
+        if rationale:
+            self.reward_terms = (*self.reward_terms, "explained")
 
     def tasks(self, split: str, n: int, seed: int = 0) -> list[Task]:
         """Train tasks use even seeds and test tasks odd ones, so the splits never share a task."""
@@ -208,20 +233,22 @@ class HomeEnv(Environment):
 
     def snapshot(self) -> Any:
         return {"task": self.task, "state": json.loads(json.dumps(self.state)), "finished": self.finished,
-                "turns": self.turns, "read": sorted(self.read), "blind": self.blind}
+                "turns": self.turns, "read": sorted(self.read), "blind": self.blind,
+                "unexplained": self.unexplained}
 
     def restore(self, state: Any) -> None:
         self.task = state["task"]
         self.state = json.loads(json.dumps(state["state"]))
         self.finished, self.turns = state["finished"], state["turns"]
         self.read, self.blind = {tuple(x) for x in state.get("read", ())}, bool(state.get("blind", False))
+        self.unexplained = bool(state.get("unexplained", False))
 
     def reset(self, task: Task) -> ResetResult:
         self.task = task
         self.state = json.loads(json.dumps(task.data["initial"]))
         self.finished = False
         self.turns = 0
-        self.read, self.blind = set(), False
+        self.read, self.blind, self.unexplained = set(), False, False
         return ResetResult(
             messages=[Message(role="system", content=SYSTEM), Message(role="user", content=task.data["prompt"])],
             tools=list(TOOLS),
@@ -273,12 +300,31 @@ class HomeEnv(Environment):
             self.finished = True
             ok = self.success()
             terms = {"observed": float(not self.blind), "grounded": float(ok and not self.blind)}
+            if self.rationale:
+                terms["explained"] = float(ok and not self.blind and not self.unexplained)
             return StepResult(observations=[], reward=1.0 if ok else 0.0, done=True,
                               info={"success": ok, "reward_terms": terms})
-        obs = [Message(role="tool", tool_call_id=c.id, name=c.name, content=self._with_log(c, self._call(c)),
-                       origin="environment")
-               for c in calls]
+        obs = []
+        for c in calls:
+            if self.rationale:
+                self._check_sentence(c, action.content)
+            obs.append(Message(role="tool", tool_call_id=c.id, name=c.name,
+                               content=self._with_log(c, self._call(c)), origin="environment"))
         return StepResult(observations=obs, reward=0.0, done=False, info={})
+
+    def _check_sentence(self, call: ToolCall, text: str | None) -> None:
+        """Before a set_device on a target that depends on a reading runs: does the turn's text state
+        the state the source holds now and the chore's goal?"""
+        assert self.task is not None
+        args = call.arguments or {}
+        if call.name != "set_device":
+            return
+        d = self.task.data
+        for c in d.get("chores", [d]):
+            if c["kind"] in ("copy", "toggle") and (args.get("room"), args.get("device")) == (c["room"], c["device"]):
+                src = self.state.get(read_room(c), {}).get(c["device"])
+                if src is None or rationale_issue(text, src, c["goal"]) is not None:
+                    self.unexplained = True
 
     def _needs_reading(self) -> dict[tuple[str, str], tuple[str, str]]:
         """Per target (room, device) whose goal depends on a state the prompt does not say, the
