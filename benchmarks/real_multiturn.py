@@ -30,6 +30,10 @@ wrong state, a call where the expert answered, no final answer).
     python benchmarks/real_multiturn.py --table runs/real-home-s0 runs/real-home-s1
     python benchmarks/real_multiturn.py --out runs/real-home-why-s0 --seed 0 --arms grpo grounded \
       --set env_kwargs='{"rationale": true}' --set max_new_tokens=96   # the expert states its reading
+    python benchmarks/real_multiturn.py --out runs/real-home-why-t07-s0 --seed 0 --arms explained explained_batch \
+      --set env_kwargs='{"rationale": true}' --set max_new_tokens=96 --set rl_temperature=0.7  # pay the sentence
+    python benchmarks/real_multiturn.py --table runs/real-home-why-t07-s0 runs/real-home-why-t07-s1 \
+      --json benchmarks/results/real_multiturn_rationale_t07.json   # other settings: another file
 
 When the turn with a wrong state also wrote text (as ``home``'s ``rationale`` expert does), the
 failure says where the sentence went wrong: it misreads the state, reads right but concludes wrong,
