@@ -266,17 +266,27 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
             train_then_eval(stage_dir, key, run_rl, rl_config(weak, out, p, seed, arm))
     s["failures"] = {name: failures(out / f"eval-{name}", p["env"]) for name in ("sft", "weak", *(a[0] for a in ARMS.values()))
                      if (out / f"eval-{name}").exists()}
-    # a stage read back from an earlier invocation took ~0 s here: its earlier figures are kept; a
-    # stage this invocation did not reach keeps them too
-    redone = {k for k, v in stage.times.items() if v >= 1.0 or k not in prev.get("seconds", {})}
-    s["seconds"] = {**prev.get("seconds", {}),
-                    **{k: v if k in redone else prev["seconds"][k] for k, v in stage.times.items()}}
-    s["peak_rss_mb_by_stage"] = {**prev.get("peak_rss_mb_by_stage", {}),
-                                 **{k: v if k in redone else prev["peak_rss_mb_by_stage"][k]
-                                    for k, v in stage.peak.items()}}
-    s["wall_seconds"] = round(sum(s["seconds"].values()), 1)  # the stages' work, across invocations
+    s["seconds"], s["peak_rss_mb_by_stage"] = stage_figures(stage.times, stage.peak, prev)
+    # the stages' work, across invocations (a stage whose figures were lost counts nothing)
+    s["wall_seconds"] = round(sum(v for v in s["seconds"].values() if v is not None), 1)
     atomic_write_text(out / "summary.json", json.dumps(s, indent=1))
     return s
+
+
+def stage_figures(times: dict[str, float], peaks: dict[str, float],
+                  prev: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """Per stage, the seconds and peak RSS of the invocation that did its work. A stage read back
+    took ~0 s here: it keeps an earlier summary's figures, and where there are none (the invocation
+    that did it was stopped before writing its summary) it gets None, not the ~0 s of reading it
+    back; a stage this invocation did not reach keeps its earlier figures too."""
+    seconds = dict(prev.get("seconds", {}))
+    peak = dict(prev.get("peak_rss_mb_by_stage", {}))
+    for k, v in times.items():
+        if v >= 1.0:
+            seconds[k], peak[k] = v, peaks.get(k)
+        elif k not in seconds:
+            seconds[k], peak[k] = None, None
+    return seconds, peak
 
 
 def _turn_issue(agent: dict[str, Any] | None, expert: dict[str, Any]) -> str | None:

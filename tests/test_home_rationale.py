@@ -235,3 +235,19 @@ def test_every_real_multiturn_arm_is_a_valid_rl_config_and_the_batch_arm_keeps_f
     assert cfgs["explained"].rl.drop_equal_groups and cfgs["explained"].rl.estimator == "grpo"
     assert batch.rl.reward.names() == cfgs["explained"].rl.reward.names() == ["info.explained"]
     assert len({c.output_dir for c in cfgs.values()}) == len(cfgs)  # no two arms share a stage directory
+
+
+def test_a_stage_read_back_without_earlier_figures_records_none_not_its_read_back_time() -> None:
+    from benchmark_module import load
+
+    figures = load("real_multiturn").stage_figures
+    prev = {"seconds": {"sft": 900.0, "rl": 2000.0}, "peak_rss_mb_by_stage": {"sft": 300.0, "rl": 9000.0}}
+    times = {"sft": 0.01, "probe": 0.2, "rl-new": 1800.0}
+    peaks = {"sft": 350.0, "probe": 350.0, "rl-new": 9100.0}
+    seconds, peak = figures(times, peaks, prev)
+    # read back with earlier figures: kept; read back without: unknown; done here: measured;
+    # not reached here: the earlier figures
+    assert seconds == {"sft": 900.0, "probe": None, "rl-new": 1800.0, "rl": 2000.0}
+    assert peak == {"sft": 300.0, "probe": None, "rl-new": 9100.0, "rl": 9000.0}
+    assert figures(times, peaks, {}) == ({"sft": None, "probe": None, "rl-new": 1800.0},
+                                         {"sft": None, "probe": None, "rl-new": 9100.0})
