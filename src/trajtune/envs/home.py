@@ -315,24 +315,24 @@ class HomeEnv(Environment):
     def _check_sentence(self, call: ToolCall, text: str | None) -> None:
         """Before a set_device on a target that depends on a reading runs: does the turn's text state
         the state the source holds now and the chore's goal?"""
-        assert self.task is not None
-        args = call.arguments or {}
         if call.name != "set_device":
             return
-        d = self.task.data
-        for c in d.get("chores", [d]):
-            if c["kind"] in ("copy", "toggle") and (args.get("room"), args.get("device")) == (c["room"], c["device"]):
-                src = self.state.get(read_room(c), {}).get(c["device"])
-                if src is None or rationale_issue(text, src, c["goal"]) is not None:
-                    self.unexplained = True
+        args = call.arguments or {}
+        c = self._dependent().get((args.get("room"), args.get("device")))
+        if c is not None and rationale_issue(text, self.state[read_room(c)][c["device"]], c["goal"]) is not None:
+            self.unexplained = True
 
-    def _needs_reading(self) -> dict[tuple[str, str], tuple[str, str]]:
-        """Per target (room, device) whose goal depends on a state the prompt does not say, the
-        (room, device) to read first: a copy's source, a toggle's own device."""
+    def _dependent(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Per target (room, device) whose goal depends on a state the prompt does not say (a copy
+        or a toggle), its chore."""
         assert self.task is not None
         d = self.task.data
-        return {(c["room"], c["device"]): (read_room(c), c["device"])
-                for c in d.get("chores", [d]) if c["kind"] in ("copy", "toggle")}
+        return {(c["room"], c["device"]): c for c in d.get("chores", [d]) if c["kind"] in ("copy", "toggle")}
+
+    def _needs_reading(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """Per dependent target, the (room, device) to read first: a copy's source, a toggle's own
+        device."""
+        return {t: (read_room(c), c["device"]) for t, c in self._dependent().items()}
 
     def _goal_met(self) -> bool:
         assert self.task is not None
