@@ -16,7 +16,10 @@ Stages, each resumable (a finished one is read back):
    checkpoints are probed oldest first on ``probe_tasks`` tasks of the SFT data, and the chosen one
    is the last before the first that solves at least ``weak_max_success`` of them (GRPO can only
    reinforce what the policy sometimes samples, so a checkpoint that never succeeds is skipped:
-   below ``weak_min_success`` it is not a candidate);
+   below ``weak_min_success`` it is not a candidate). By default the probe is greedy and scores
+   success; ``probe_temperature`` samples it as RL will, ``probe_reward`` scores a reward term instead
+   (e.g. ``explained``), ``weak_min_kind`` also asks that much of every task kind, and ``weak_first``
+   chooses the first candidate instead (the least trained checkpoint RL can learn every kind from);
 5. GRPO from it on fresh training tasks (outcome reward: the episode's success), then the held-out
    tasks again.
 
@@ -34,6 +37,10 @@ wrong state, a call where the expert answered, no final answer).
       --set env_kwargs='{"rationale": true}' --set max_new_tokens=96 --set rl_temperature=0.7  # pay the sentence
     python benchmarks/real_multiturn.py --table runs/real-home-why-t07-s0 runs/real-home-why-t07-s1 \
       --json benchmarks/results/real_multiturn_rationale_t07.json   # other settings: another file
+    python benchmarks/real_multiturn.py --out runs/real-home-why-first-s0 --seed 0 --arms explained_batch \
+      --set env_kwargs='{"rationale": true}' --set max_new_tokens=96 --set rl_temperature=0.7 \
+      --set probe_temperature=0.7 --set probe_reward='"explained"' --set weak_min_kind=0.05 \
+      --set weak_first=true   # the least trained checkpoint whose sampled episodes are paid on every kind
 
 When the turn with a wrong state also wrote text (as ``home``'s ``rationale`` expert does), the
 failure says where the sentence went wrong: it misreads the state, reads right but concludes wrong,
@@ -80,8 +87,12 @@ DEFAULTS: dict[str, Any] = {
     "max_turns": 4,
     "eval_batch_size": 16,
     "probe_tasks": 32,
+    "probe_temperature": 0.0,
+    "probe_reward": "success",
     "weak_max_success": 0.6,
     "weak_min_success": 0.05,
+    "weak_min_kind": 0.0,
+    "weak_first": False,
     "rl_steps": 16,
     "rl_tasks_per_step": 4,
     "rl_group_size": 8,
@@ -92,12 +103,14 @@ DEFAULTS: dict[str, Any] = {
 }
 # settings added after runs were made with the others: an older run's settings.json is read with their
 # defaults (those runs were home runs without validation)
-LATER = {k: DEFAULTS[k] for k in ("env", "env_kwargs", "n_val", "micro_batch_size")}
+LATER = {k: DEFAULTS[k] for k in ("env", "env_kwargs", "n_val", "micro_batch_size", "probe_temperature",
+                                   "probe_reward", "weak_min_kind", "weak_first")}
 
 
 def _eval(model: Path | str, out: Path, p: dict[str, Any], seed: int, split: str = "test",
-          tasks: int | None = None) -> dict[str, Any]:
-    """Greedy success on the environment's tasks of ``split``; a finished evaluation is read back."""
+          tasks: int | None = None, temperature: float = 0.0) -> dict[str, Any]:
+    """Success on the environment's tasks of ``split`` (greedy unless ``temperature``); a finished
+    evaluation is read back."""
     from trajtune.eval.harness import EvalSettings
     from trajtune.eval.run import run_eval
     from trajtune.eval.store import RESULTS_FILE
@@ -107,7 +120,7 @@ def _eval(model: Path | str, out: Path, p: dict[str, Any], seed: int, split: str
     settings = EvalSettings(model=str(model), env=p["env"], env_kwargs=p["env_kwargs"], tasks=tasks or p["n_test"],
                             split=split, seed=seed,
                             max_turns=p["max_turns"], max_new_tokens=p["max_new_tokens"],
-                            max_length=p["max_length"], batch_size=p["eval_batch_size"])
+                            max_length=p["max_length"], batch_size=p["eval_batch_size"], temperature=temperature)
     return run_eval(settings, out_dir=out, resume=out.exists())["metrics"]  # type: ignore[no-any-return]
 
 
@@ -176,29 +189,72 @@ def rl_config(start: Path, out: Path, p: dict[str, Any], seed: int, arm: str = "
     })
 
 
-def choose_weak(probed: dict[int, float], p: dict[str, Any]) -> int | None:
-    """The rule of stage 4 on probed training success per step: the last candidate before the first
-    checkpoint at ``weak_max_success`` or above (None: no checkpoint qualifies)."""
+def choose_weak(probed: dict[int, float], p: dict[str, Any],
+                by_kind: dict[int, dict[str, float]] | None = None) -> int | None:
+    """The rule of stage 4 on probed training scores per step: the last candidate before the first
+    checkpoint at ``weak_max_success`` or above (None: no checkpoint qualifies). A candidate scores at
+    least ``weak_min_success`` overall and, with ``weak_min_kind``, at least that on every task kind
+    (``by_kind``): RL learns a kind only from groups in which some episode of that kind is paid. With
+    ``weak_first`` the first candidate is chosen: the least trained checkpoint that qualifies."""
     chosen = None
     for step in sorted(probed):
         if probed[step] >= p["weak_max_success"]:
             break
-        if probed[step] >= p["weak_min_success"]:
+        kinds = (by_kind or {}).get(step, {})
+        if probed[step] >= p["weak_min_success"] and all(v >= p["weak_min_kind"] for v in kinds.values()):
             chosen = step
+            if p["weak_first"]:
+                break
     return chosen
 
 
-def _weak(out: Path, p: dict[str, Any], seed: int) -> tuple[Path | None, dict[int, float]]:
+def _task_kind(ep: dict[str, Any], env: str) -> str:
+    """A probed episode's task kind (``home``: copy, set, toggle; any other environment: one kind)."""
+    if env != "home":
+        return "all"
+    from trajtune.envs.home import make_task
+
+    return str(make_task(int(ep["metadata"]["seed"]), ep["metadata"]["split"]).data["kind"])
+
+
+def probe_scores(eval_dir: Path, p: dict[str, Any]) -> tuple[float, dict[str, float]]:
+    """A probe's score, overall and per task kind: each episode's success, or with ``probe_reward``
+    NAME the reward term ``info.NAME`` it reported (e.g. home's ``explained``), so that the rule sees
+    what the RL arm will be paid for; with ``probe_temperature`` the episodes are sampled as RL samples
+    them, where greedy success can hide a checkpoint whose sampled episodes are never paid."""
+    eps = [json.loads(line) for line in (eval_dir / "episodes.jsonl").read_text().splitlines()]
+
+    def score(ep: dict[str, Any]) -> float:
+        if p["probe_reward"] == "success":
+            return float(bool((ep.get("outcome") or {}).get("success")))
+        return float((ep["metadata"].get("reward_info") or {}).get(p["probe_reward"], 0.0))
+
+    kinds: dict[str, list[float]] = {}
+    for ep in eps:
+        kinds.setdefault(_task_kind(ep, p["env"]), []).append(score(ep))
+    overall = sum(sum(v) for v in kinds.values()) / max(1, len(eps))
+    return overall, {k: sum(v) / len(v) for k, v in sorted(kinds.items())}
+
+
+def _weak(out: Path, p: dict[str, Any],
+          seed: int) -> tuple[Path | None, dict[int, float], dict[int, dict[str, float]]]:
     ckpts = sorted((out / "sft" / "checkpoints").glob("step-*"), key=lambda c: int(c.name.split("-")[1]))
     probed: dict[int, float] = {}
+    by_kind: dict[int, dict[str, float]] = {}
     for c in ckpts:  # oldest first; stop at the first that solves enough of the probe
         step = int(c.name.split("-")[1])
-        probed[step] = float(_eval(c, out / "probe" / c.name, p, seed, split="train",
-                                   tasks=p["probe_tasks"])["success"])
+        probe_dir = out / "probe" / c.name
+        metrics = _eval(c, probe_dir, p, seed, split="train", tasks=p["probe_tasks"],
+                        temperature=p["probe_temperature"])
+        probed[step], by_kind[step] = probe_scores(probe_dir, p)
+        if p["probe_reward"] == "success":  # the harness's own figure (the same number, as before)
+            probed[step] = float(metrics["success"])
         if probed[step] >= p["weak_max_success"]:
             break
-    step = choose_weak(probed, p)
-    return (None if step is None else out / "sft" / "checkpoints" / f"step-{step:06d}"), probed
+        if p["weak_first"] and choose_weak(probed, p, by_kind if p["weak_min_kind"] else None) is not None:
+            break  # later checkpoints cannot change the choice
+    step = choose_weak(probed, p, by_kind if p["weak_min_kind"] else None)
+    return (None if step is None else out / "sft" / "checkpoints" / f"step-{step:06d}"), probed, by_kind
 
 
 def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo",)) -> dict[str, Any]:
@@ -208,6 +264,13 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
     from trajtune.schema import atomic_write_text, write_trajectories
     from trajtune.train import run_rl, run_sft
 
+    if p["probe_reward"] != "success" and p["probe_reward"] not in getattr(
+            make_env(p["env"], **p["env_kwargs"]), "reward_terms", ()):
+        sys.exit(f"probe_reward {p['probe_reward']!r}: {p['env']} with {p['env_kwargs']} does not report it; "
+                 "use success or one of the environment's reward terms (home: observed, grounded; "
+                 "explained with rationale: true)")
+    if p["weak_min_kind"] and p["env"] != "home":
+        sys.exit("weak_min_kind needs task kinds, which only home's tasks have here; leave it at 0")
     out.mkdir(parents=True, exist_ok=True)
     settings_file = out / "settings.json"
     # n_val only adds evaluations, so a finished run can be validated later; any other change is refused
@@ -249,11 +312,12 @@ def run(out: Path, p: dict[str, Any], seed: int, arms: tuple[str, ...] = ("grpo"
 
     train_then_eval("sft", "sft", run_sft, sft_config(base, out, p, seed))
     if not arms:  # SFT only: no under-trained checkpoint to look for
-        weak, probed = None, {}
+        weak, probed, by_kind = None, {}, {}
     else:
         with stage("probe"):
-            weak, probed = _weak(out, p, seed)
+            weak, probed, by_kind = _weak(out, p, seed)
     s["probe_train_success"] = {str(k): v for k, v in probed.items()}
+    s["probe_by_kind"] = {str(k): v for k, v in by_kind.items()}
     if weak is None:
         s["weak_step"] = None
     else:
@@ -442,7 +506,7 @@ def table(runs: list[Path], dest: Path | None = None) -> None:
         print(f"| {k} | " + " | ".join(" / ".join(str(s["failures"][st].get(k, 0)) for s in sums) for st in stages) + " |")
     for s in sums:
         print(f"seed {s.get('seed')}: seconds {s['seconds']}  peak RSS MB {s['peak_rss_mb_by_stage']}  "
-              f"probe {s['probe_train_success']}")
+              f"probe {s['probe_train_success']}  by kind {s.get('probe_by_kind', {})}")
     name = "real_multiturn" if env == "home" else f"real_{env}"  # another environment: its own file
     if env == "home" and kwargs:  # home with other settings: its own file, e.g. real_multiturn_rationale.json
         name += "_" + "_".join(k if v is True else f"{k}-{v}" for k, v in sorted(kwargs.items()))

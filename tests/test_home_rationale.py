@@ -251,3 +251,63 @@ def test_a_stage_read_back_without_earlier_figures_records_none_not_its_read_bac
     assert peak == {"sft": 300.0, "probe": None, "rl-new": 9100.0, "rl": 9000.0}
     assert figures(times, peaks, {}) == ({"sft": None, "probe": None, "rl-new": 1800.0},
                                          {"sft": None, "probe": None, "rl-new": 9100.0})
+
+
+def test_the_weak_checkpoint_rule_skips_a_checkpoint_that_never_earns_the_reward_on_some_kind() -> None:
+    """Seed 1's rationale checkpoint scored in range overall, but none of its sampled copies or
+    toggles was paid, so RL never saw a paid one: with weak_min_kind it is no candidate."""
+    from benchmark_module import load
+
+    mod = load("real_multiturn")
+    p = {**mod.DEFAULTS, "weak_min_kind": 0.05}
+    probed = {2: 0.0, 4: 0.2, 6: 0.4, 8: 0.5, 10: 0.7, 12: 0.3}
+    kinds = {2: {"copy": 0.0, "set": 0.0}, 4: {"copy": 0.1, "set": 0.3}, 6: {"copy": 0.1, "set": 0.7},
+             8: {"copy": 0.0, "set": 1.0}, 10: {"copy": 0.5, "set": 0.9}, 12: {"copy": 0.3, "set": 0.3}}
+    assert mod.choose_weak(probed, p, kinds) == 6  # 8 pays no copy; 10 is at the bound; 12 comes after it
+    assert mod.choose_weak(probed, p) == 8  # without kinds: the overall rule alone, as before
+    assert mod.choose_weak(probed, {**p, "weak_min_kind": 0.0}, kinds) == 8
+    assert mod.choose_weak({2: 0.0, 4: 0.7}, p, {2: {"copy": 0.0}, 4: {"copy": 1.0}}) is None
+
+
+def test_probe_scores_count_the_reward_term_per_task_kind(tmp_path) -> None:
+    import json
+
+    from benchmark_module import load
+    from trajtune.envs.home import make_task
+
+    mod = load("real_multiturn")
+    seeds: dict[str, list[int]] = {}
+    for seed in range(100):
+        seeds.setdefault(make_task(seed, "train").data["kind"], []).append(seed)
+    # copy: one paid of two (a success without the term is not paid); toggle: no term reported (cut off)
+    eps = [(seeds["copy"][0], True, {"explained": 1.0}), (seeds["copy"][1], True, {"explained": 0.0}),
+           (seeds["set"][0], True, {"explained": 1.0}), (seeds["toggle"][0], False, None)]
+    with (tmp_path / "episodes.jsonl").open("w") as f:
+        for seed, ok, terms in eps:
+            meta = {"seed": seed, "split": "train", **({"reward_info": terms} if terms else {})}
+            f.write(json.dumps({"id": f"home-train-{seed}", "metadata": meta, "outcome": {"success": ok}}) + "\n")
+    p = {**mod.DEFAULTS, "probe_reward": "explained"}
+    assert mod.probe_scores(tmp_path, p) == (0.5, {"copy": 0.5, "set": 1.0, "toggle": 0.0})
+    assert mod.probe_scores(tmp_path, {**p, "probe_reward": "success"}) == (0.75, {"copy": 1.0, "set": 1.0, "toggle": 0.0})
+
+
+def test_a_probe_reward_the_environment_does_not_report_is_refused_before_any_work(tmp_path) -> None:
+    from benchmark_module import load
+
+    mod = load("real_multiturn")
+    with pytest.raises(SystemExit, match="does not report it"):
+        mod.run(tmp_path / "run", {**mod.DEFAULTS, "probe_reward": "explained"}, 0)  # no rationale: no term
+    assert not (tmp_path / "run").exists()  # nothing written: the corrected command can use the same --out
+
+
+def test_weak_first_chooses_the_least_trained_checkpoint_paid_on_every_kind() -> None:
+    from benchmark_module import load
+
+    mod = load("real_multiturn")
+    p = {**mod.DEFAULTS, "weak_min_kind": 0.05, "weak_first": True}
+    probed = {2: 0.0, 4: 0.2, 6: 0.4, 8: 0.5}
+    kinds = {2: {"copy": 0.0, "set": 0.0}, 4: {"copy": 0.0, "set": 0.4}, 6: {"copy": 0.1, "set": 0.7},
+             8: {"copy": 0.2, "set": 0.8}}
+    assert mod.choose_weak(probed, p, kinds) == 6
+    assert mod.choose_weak(probed, {**p, "weak_first": False}, kinds) == 8
+    assert mod.choose_weak({**probed, 6: 0.6}, p, kinds) is None  # the bound still ends the search
