@@ -244,16 +244,13 @@ def _weak(out: Path, p: dict[str, Any],
     for c in ckpts:  # oldest first; stop at the first that solves enough of the probe
         step = int(c.name.split("-")[1])
         probe_dir = out / "probe" / c.name
-        metrics = _eval(c, probe_dir, p, seed, split="train", tasks=p["probe_tasks"],
-                        temperature=p["probe_temperature"])
+        _eval(c, probe_dir, p, seed, split="train", tasks=p["probe_tasks"], temperature=p["probe_temperature"])
         probed[step], by_kind[step] = probe_scores(probe_dir, p)
-        if p["probe_reward"] == "success":  # the harness's own figure (the same number, as before)
-            probed[step] = float(metrics["success"])
         if probed[step] >= p["weak_max_success"]:
             break
-        if p["weak_first"] and choose_weak(probed, p, by_kind if p["weak_min_kind"] else None) is not None:
+        if p["weak_first"] and choose_weak(probed, p, by_kind) is not None:
             break  # later checkpoints cannot change the choice
-    step = choose_weak(probed, p, by_kind if p["weak_min_kind"] else None)
+    step = choose_weak(probed, p, by_kind)  # weak_min_kind 0: every kind passes, the overall rule alone
     return (None if step is None else out / "sft" / "checkpoints" / f"step-{step:06d}"), probed, by_kind
 
 
